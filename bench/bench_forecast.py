@@ -34,6 +34,9 @@ that prefix alone:
 * ``forecast + recent hours``: the recent rate taken to go on: the submissions of the last :data:`RECENT_S` (6 h)
   replayed every 6 h over the whole horizon (each budget's recent rate and job mix, by hour); ``forecast + the
   last hour``: the last hour's submissions replayed once, an hour later (a burst going on);
+* ``forecast + bursts``: the rest of the job's own user's burst in progress (:func:`apportion.forecast.burst_arrivals`:
+  submissions at most ``--burst-gap-m`` minutes apart are a burst, continued to the median count of the user's
+  longer ended bursts at the rate of its last 10, copies of them); ``forecast + all bursts``: every user's;
 * ``forecast + actual arrivals``: a diagnostic, not an estimate: ``forecast`` given the submissions the
   simulation in fact received after the question (their times and shapes, from the rest of the log); what is
   left of its error is the forward run's own (resolution, the model of running work), the rest of
@@ -68,6 +71,9 @@ chains, as the command shows none). With ``--dump FILE`` each of these forecasts
 (``Forecast.to_dict``), so that two builds' forecasts can be compared byte for byte (``cmp``).
 With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
 times a job) and its median error is printed by how long before the start it was made (convergence).
+With ``--overtakers`` nothing is forecast: a row per chosen job that waited more than 1 h says whose later
+submissions started before it (its own user's, allocated or not, and how many of them within its burst; other
+budgets', allocated or not) and the median minutes after it that its own user's came.
 With ``--calibrate FIT.jsonl [SCORE.jsonl ...]`` (``--dump`` files) nothing is run: a correction is fitted on
 the first file's waits over 1 h and scored on each (fit on one week, report on the others): the factor on the
 unallocated waits of ``--calibrate-estimate`` (default ``forecast``) that puts the most within 25%, or with
@@ -99,9 +105,11 @@ from apportion.events import Decision, Event, JobQueued, JobStarted
 from apportion.forecast import (
     ARRIVAL_LOOKBACK_S,
     ARRIVAL_PERIOD_S,
+    BURST_GAP_S,
     HORIZON_S,
     MIN_GAP_S,
     SPACING,
+    burst_arrivals,
     forecast,
     recent_arrivals,
     recent_waits,
@@ -198,6 +206,8 @@ ESTIMATES: tuple[str, ...] = (
     "forecast + recent hours",
     "forecast + the last hour",
     "forecast + actual allocated arrivals",
+    "forecast + bursts",
+    "forecast + all bursts",
     "slurm-style",
 )
 #: The estimates that are one forward run: name -> (declared durations known, the arrivals assumed, as
@@ -217,6 +227,8 @@ RUNS: dict[str, tuple[bool, str]] = {
     "forecast + recent hours": (True, "recent"),
     "forecast + the last hour": (True, "hour"),
     "forecast + actual allocated arrivals": (True, "actual allocated"),
+    "forecast + bursts": (True, "burst"),
+    "forecast + all bursts": (True, "all bursts"),
 }
 #: ``forecast + recent hours``: the submissions of the last this many seconds, replayed every as many seconds over
 #: the horizon (the recent rate and mix of each budget taken to go on).
@@ -309,6 +321,8 @@ def arrivals_of(
     state: DispatchState,
     now: Micros,
     horizon_d: float,
+    burst_gap_s: float = BURST_GAP_S,
+    burst_again_s: float = 0.0,
 ) -> list[tuple[Micros, JobQueued]]:
     """The future submissions an estimate assumes (module docstring): none (``""``), the day before replayed once
     (``once``, ``daily``), those of it that can go before the job (``ahead``), the same hours of the week before
@@ -327,6 +341,9 @@ def arrivals_of(
         return recent_arrivals(hist, now, RECENT_S, RECENT_S)
     if kind == "hour":
         return recent_arrivals(hist, now, 3600.0, 3600.0)
+    if kind in ("burst", "all bursts"):
+        who = {log[idx].user} if kind == "burst" else None  # type: ignore[attr-defined]
+        return burst_arrivals(hist, now, who, burst_gap_s, again_s=burst_again_s)
     if kind == "whole week":
         return week_before_arrivals(hist, now, span_s=ARRIVAL_PERIOD_S)
     got = recent_arrivals(hist, now)
@@ -446,6 +463,76 @@ def long_table(
         rows.append([s.job_id, q.budget, "a" if s.allocated else "u", f"{us_to_s(wait) / 3600:.2f}", *ests, over])
     widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
+
+
+def overtakers(
+    chosen: Sequence[tuple[int, str]],
+    log: Sequence[Event],
+    queued_at: dict[str, int],
+    first_start: dict[str, Micros],
+    gap_s: float,
+) -> str:
+    """``--overtakers``: a row per chosen job that waited more than 1 h: the later submissions that started before it,
+    by whose they are (its own user, allocated / unallocated; its budget's other users; other budgets, allocated /
+    unallocated), how many of its own user's are of its burst (submitted after it with no gap over ``gap_s`` among
+    the user's submissions from it on), and the median minutes after it that its own user's came."""
+    by_user: dict[str, list[Micros]] = {}
+    for _j, i in sorted((j, i) for j, i in queued_at.items()):
+        e: JobQueued = log[i]  # type: ignore[assignment]
+        by_user.setdefault(e.user, []).append(to_us(e.ts))
+    for ts in by_user.values():
+        ts.sort()
+    gap = s_to_us(gap_s)
+    head = [
+        "job",
+        "budget",
+        "a/u",
+        "wait h",
+        "over",
+        "own a",
+        "own u",
+        "burst",
+        "budget",
+        "other a",
+        "other u",
+        "own +min",
+    ]
+    rows = [head]
+    tot = [0] * 7
+    for idx, job_id in chosen:
+        q: JobQueued = log[idx]  # type: ignore[assignment]
+        t0, actual = to_us(q.ts), first_start[job_id]
+        if actual - t0 <= s_to_us(3600):
+            continue
+        ts = by_user[q.user]
+        end = ts.index(t0)
+        while end + 1 < len(ts) and ts[end + 1] - ts[end] <= gap:
+            end += 1
+        burst_end = ts[end]
+        c = [0] * 7  # over, own a, own u, own in burst, budget, other a, other u
+        after: list[float] = []
+        for j, i in queued_at.items():
+            if i > idx and first_start.get(j, actual) < actual:
+                e: JobQueued = log[i]  # type: ignore[no-redef]
+                c[0] += 1
+                if e.user == q.user:
+                    c[1 if e.allocated else 2] += 1
+                    c[3] += to_us(e.ts) <= burst_end
+                    after.append(us_to_s(to_us(e.ts) - t0) / 60)
+                elif e.budget == q.budget:
+                    c[4] += 1
+                else:
+                    c[5 if e.allocated else 6] += 1
+        tot = [a + b for a, b in zip(tot, c, strict=True)]
+        own = f"{_quantile(after, 0.5):.0f}" if after else "-"
+        wait = f"{us_to_s(actual - t0) / 3600:.2f}"
+        rows.append([job_id, q.budget, "a" if q.allocated else "u", wait, *map(str, c), own])
+    rows.append(["all", "", "", "", *map(str, tot), ""])
+    widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
+    return "\n".join(
+        "  ".join(c.rjust(w) if k > 2 else c.ljust(w) for k, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in rows
+    )
 
 
 #: ``--calibrate``: the factors tried on the forward run's wait of unallocated jobs, and the blend weights tried
@@ -579,6 +666,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--skip-queue", action="store_true", help="--timing: leave out queue --start")
     ap.add_argument(
+        "--burst-gap-m",
+        type=float,
+        default=BURST_GAP_S / 60,
+        metavar="M",
+        help=f"forecast + bursts: submissions of a user at most M minutes apart are one burst (default {BURST_GAP_S / 60:g})",
+    )
+    ap.add_argument(
+        "--burst-again-h",
+        type=float,
+        default=0.0,
+        metavar="H",
+        help="forecast + bursts: a burst with too few longer ended ones goes on as long again as it has lasted, at "
+        "most H hours (default 0: not at all)",
+    )
+    ap.add_argument(
+        "--overtakers",
+        action="store_true",
+        help="only print, for each chosen job that waited more than 1 h, whose later submissions started before it",
+    )
+    ap.add_argument(
         "--calibrate",
         nargs="+",
         metavar="DUMP",
@@ -645,6 +752,9 @@ def main() -> None:
         chosen = [(i, j) for i, j in chosen if first_start[j] - to_us(log[i].ts) > s_to_us(3600)]
         print(f"--long-only: {len(chosen)} of the {sampled} sampled jobs waited more than 1 h")
     chosen = chosen[args.skip : args.skip + args.limit if args.limit > 0 else None]
+    if args.overtakers:
+        print(overtakers(chosen, log, queued_at, first_start, args.burst_gap_m * 60))
+        return
     print(
         f"trace {args.trace}: {len(jobs)} jobs submitted {from_us(first):%Y-%m-%d %H:%M} .. {from_us(last):%Y-%m-%d %H:%M}"
         f" simulated ({len(log):,} events, {t_sim:.1f} s, seed {args.seed}); {len(chosen)} forecasts at submission "
@@ -682,7 +792,17 @@ def main() -> None:
                 history=history,
                 horizon_s=args.horizon_d * 86_400,
                 declared_durations=declared,
-                arrivals=arrivals_of(arriving, log, idx, hist_events, state, now, args.horizon_d),
+                arrivals=arrivals_of(
+                    arriving,
+                    log,
+                    idx,
+                    hist_events,
+                    state,
+                    now,
+                    args.horizon_d,
+                    args.burst_gap_m * 60,
+                    args.burst_again_h * 3600,
+                ),
                 arrival_period_s=PERIODS.get(arriving, 0.0),
                 waits=recent_waits(hist_events, now) if waiting else None,
                 spacing=0.0 if name == "forecast, unspaced" else args.spacing,

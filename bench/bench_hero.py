@@ -4,8 +4,8 @@ Run::
 
     .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--load 1] [--bg-min-runtime-h H] [--slice week44] [--seed 1]
         [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-days 2,3,4] [--hero-shares 0.1,0.3,0.1]
-        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--gang-last-resort [--gang-last-resort-over-share]] [--grow-over-share] [--hero-reserve-takable]
-        [--json out.json] [--progress days.jsonl] [--explain-waits waits.jsonl]
+        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--gang-last-resort [--gang-last-resort-over-share]] [--grow-over-share] [--hero-reserve-takable] [--hero-waits]
+        [--json out.json] [--progress days.jsonl] [--explain-waits waits.jsonl] [--trace-gather gather.jsonl]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
 ``--slice`` (``infra/budgets/philly.yaml``'s tree and minimum-runtime rule)
@@ -22,11 +22,14 @@ the preemption and from when the hero's leaf first ranked first in the fair-shar
 ``EngineConfig.grow_over_share`` True (every job's protection grown with its preemptions, as up to policy
 ``fairtree-9``; by default only a job at or under its share). ``--hero-reserve-takable``:
 ``EngineConfig.hero_reserve_takable`` (a covered hero reserves only nodes whose runs it may take back, rule
-D3.hero-cover). ``--load X``: the background's
+D3.hero-cover). ``--hero-waits``: ``EngineConfig.hero_waits`` (a covered hero never preempts another covered
+hero within its share: it waits, reserving the nodes that fit it soonest, rule D3.hero-waits). ``--load X``: the background's
 arrivals multiplied by X (the overloaded lab, docs/hero.md); the header line gives the background's
 offered demand, its GPU-hours submitted within the horizon over the cluster's. ``--explain-waits FILE``: at each
 sample where a background budget is behind its share with allocated work waiting, why each of its waiting jobs
 waits and how the gang rule's last resort (``--gang-last-resort``) or the rule off would place it.
+``--trace-gather FILE``: at each sample while a hero waits for its first placement, the nodes by what holds them
+for it and the cycle's reservation (docs/hero.md, every hero arriving on a full cluster).
 """
 
 from __future__ import annotations
@@ -40,10 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from apportion.cli.simulate import gang_scope
-from apportion.domain.cluster import PROTECTION_GROW_OVER_SHARE
+from apportion.domain.cluster import PROTECTION_GROW_OVER_SHARE, UNTIL_STARTED
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig, run_cycle
 from apportion.domain.engine.inputs import HERO_MIN_GPUS
+from apportion.domain.engine.reservation import protection_end_us
 from apportion.events import JobPlaced
 from apportion.report import share_deficit_pp
 from apportion.settings import default_data_dir
@@ -99,6 +103,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 hero_min_gpus=least,
                 grow_over_share=a.grow_over_share,
                 hero_reserve_takable=a.hero_reserve_takable,
+                hero_waits=a.hero_waits,
                 gang_last_resort=a.gang_last_resort,
                 gang_last_resort_over_share=a.gang_last_resort_over_share,
                 **gang_scope(a.gang_min_gpus, a.gang_bound_x),
@@ -110,6 +115,8 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         t = time.perf_counter()
         on_day = _progress_writer(a.progress, name, sc, gpus) if a.progress else None
         cls = HeroSimulator if a.explain_waits is None else _explaining(a.explain_waits, dcfg.engine, sc)
+        if a.trace_gather:
+            cls = _tracing(cls, a.trace_gather, dcfg.engine if name == "fairshare" else None, sc)
         sim = cls(sc.tree, sc.nodes, sc.jobs, cfg, window_s=bf.window_s, heroes=sc.heroes, on_day=on_day)
         res = sim.run()
         wall = time.perf_counter() - t
@@ -245,6 +252,68 @@ def _explaining(path: str, ecfg: EngineConfig, sc: Any) -> type[HeroSimulator]:
     return Explaining
 
 
+def _tracing(base: type[HeroSimulator], path: str, ecfg: EngineConfig | None, sc: Any) -> type[HeroSimulator]:
+    """A ``base`` that, at each sample while a hero job waits for its first placement, appends to ``path`` one
+    JSON line: the nodes by what holds them for it (``hero``: a hero run; ``grown``: a background run within a
+    protection grown past its minimum runtime; ``min``: within its minimum runtime; ``free``: every run there may
+    go, as to protection), nodes holding a protected run by that run's ``(preemptions before, protection h)``,
+    the hours until the hero's k-th node, in order of the end of its background runs' protections, is free of
+    protection (``kth_end_h``), and under ours (``ecfg``; ``None``: a peer) the cycle's reservation (holder, nodes,
+    those with a hero run). Decisions are the run's own (the reservation from the cycle run again on a copy of
+    the state)."""
+    heroes = frozenset(sc.heroes)
+    replicas = {j.job_id: j.replicas for j in sc.jobs if j.job_id in heroes}
+
+    class Tracing(base):  # type: ignore[valid-type, misc]
+        def _sample(self, t: int) -> None:
+            super()._sample(t)
+            ledger = self.jobs_ledger
+            waiting = [j for j in sorted(heroes) if j in ledger.submitted and j not in ledger.first_placed]
+            if not waiting:
+                return
+            cl = self.state.cluster
+            cls: dict[str, str] = {}
+            end: dict[str, int] = {}
+            held: dict[str, int] = {}
+            rank = {"free": 0, "min": 1, "grown": 2, "hero": 3}
+            for nid in cl.nodes:
+                c, e = "free", t
+                for key in cl.node_runs.get(nid, ()):
+                    r = cl.runs.get(key)
+                    if r is None or r.stopping or not r.allocated:
+                        continue
+                    if r.job_id in heroes:
+                        c, e = "hero", UNTIL_STARTED
+                        break
+                    if r.protected(t):
+                        grown = r.protection_us is not None and r.protection_us > r.min_runtime_us
+                        k = "grown" if grown else "min"
+                        c = k if rank[k] > rank[c] else c
+                        e = max(e, protection_end_us(r))
+                        tag = f"{r.preemptions}, {(r.protection_us or r.min_runtime_us) / 3600e6:.1f}"
+                        held[tag] = held.get(tag, 0) + 1
+                cls[nid], end[nid] = c, e
+            ends = sorted(x for x in end.values() if x < UNTIL_STARTED)
+            res = None if ecfg is None else run_cycle(self.state.cycle_snapshot(t), t, ecfg).reservation
+            doc: dict[str, Any] = {
+                "day": round((t - sc.start_us) / 86_400e6, 3),
+                "waiting": waiting,
+                "nodes": {c: sum(1 for x in cls.values() if x == c) for c in rank},
+                "protected_by_preemptions_h": dict(sorted(held.items())),
+                "kth_end_h": {
+                    j: round((ends[replicas[j] - 1] - t) / 3600e6, 2) if len(ends) >= replicas[j] else None
+                    for j in waiting
+                },
+                "reservation": None
+                if res is None
+                else [res[0], len(res[1]), sum(1 for n in res[1] if cls.get(n) == "hero")],
+            }
+            with open(path, "a") as f:
+                f.write(json.dumps(doc) + "\n")
+
+    return Tracing
+
+
 def _victim(runs: Any, v: Any, t: int) -> list[Any]:
     run = runs.get((v.job_id, v.attempt))
     if run is None:
@@ -344,6 +413,12 @@ def main() -> None:
         action="store_true",
         help="EngineConfig.hero_reserve_takable (D3.hero-cover): a covered hero reserves only nodes it may take back",
     )
+    ap.add_argument(
+        "--hero-waits",
+        action="store_true",
+        help="EngineConfig.hero_waits (D3.hero-waits): a covered hero never preempts another covered hero within its "
+        "share; it waits, reserving the nodes that fit it soonest",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--progress", default=None, help="append a JSON line a simulated day: the figures so far")
     ap.add_argument(
@@ -351,6 +426,13 @@ def main() -> None:
         default=None,
         help="append a JSON line per waiting allocated job of a background budget behind its share at each "
         "sample: why it waits, and how the gang rule's last resort or the rule off would place it",
+    )
+    ap.add_argument(
+        "--trace-gather",
+        default=None,
+        help="append a JSON line per sample while a hero waits for its first placement: the nodes by what holds "
+        "them (heroes, protected background runs, free to take), the hours until its k-th node is free of "
+        "protection, and the cycle's reservation",
     )
     run(ap.parse_args())
 

@@ -60,6 +60,15 @@ def parse_args(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sandbox-memory-mb-per-gpu", type=int, help="memory limit of a replica per GPU, MiB")
     ap.add_argument("--sandbox-cpu-weight-per-gpu", type=int, help="CPU weight of a replica per GPU")
     ap.add_argument("--sandbox-pids-max", type=int, help="most processes and threads of a replica")
+    ap.add_argument(
+        "--sandbox-disk-mb-per-gpu",
+        type=int,
+        help="disk limit of a job's directories on the node per GPU its replicas hold, MiB "
+        "(default: 9/10 of the job roots' free space over every hosted GPU)",
+    )
+    ap.add_argument(
+        "--sandbox-disk-poll-wall-s", type=float, help="wall seconds between measurements of the jobs' directories"
+    )
     ap.add_argument("--idle-after-s", type=float, help="event seconds of idle GPUs before a run is reported idle")
     add_common_flags(ap, NodeAgentSettings)
     return flag_overrides(ap, argv)

@@ -105,6 +105,14 @@ class NodeAgentSettings(ServiceSettings):
             before its heartbeat reports it ``idle`` (``RunningWorkload.idle``).
         gpu_device_files: the device files of a declared (simulated) inventory's GPUs, in index order (NVML
             names a real node's: ``/dev/nvidia<minor>``).
+        sandbox_disk_mb_per_gpu: disk limit of a job's directories on the node (its checkpoint directory, its output
+            and its replicas' ``TMPDIR``) per GPU its replicas on the node hold, MiB; each file a replica writes is
+            also limited to its own share (``RLIMIT_FSIZE``). ``None``: 90% of the space free on the job roots'
+            file system when the agent starts, divided by every GPU the agent hosts
+            (:func:`services.node_agent.sandbox.disk_mb_per_gpu`). A job over it is stopped (SIGTERM, the grace,
+            SIGKILL) and reported ``JobFailed`` reason ``disk_quota`` (``docs/security.md``, "Disk").
+        sandbox_disk_poll_wall_s: wall seconds between two measurements of the jobs' directories: what a replica can
+            write beyond its limit is at most this period times its write rate (one file at most its limit).
         sandbox_closed_ports: ports on loopback that no process of a replica may connect to (``EPERM``), on a
             node with a cgroup v2 hierarchy (:mod:`services.node_agent.connfilter`); ``None``: the control
             plane's (:meth:`closed_ports`: a broker the bootstrap list does not name is not among them); ``[]``:
@@ -147,6 +155,8 @@ class NodeAgentSettings(ServiceSettings):
     gpu_device_files: list[str] | None = None
     idle_after_s: float = Field(default=2 * 3600.0, gt=0)
     sandbox_closed_ports: list[int] | None = None
+    sandbox_disk_mb_per_gpu: int | None = Field(default=None, gt=0)
+    sandbox_disk_poll_wall_s: float = Field(default=5.0, gt=0)
 
     def closed_ports(self) -> tuple[int, ...]:
         """The ports closed to jobs on loopback, ascending: :attr:`sandbox_closed_ports`, else those of the Kafka

@@ -159,6 +159,10 @@ STOPPED = "stopped"
 #: ``JobFailed.reason`` of a replica the agent stopped at its time limit (``StartWorkload.time_limit_s``).
 TIME_LIMIT = "time_limit"
 
+#: ``JobFailed.reason`` of a replica the agent stopped because its job's files on the node passed its disk limit
+#: (node setting ``sandbox_disk_mb_per_gpu``), or that the kernel killed for a file beyond it (``SIGXFSZ``).
+DISK_QUOTA = "disk_quota"
+
 
 # --------------------------------------------------------------------------- the account and environment of a process
 
@@ -537,7 +541,8 @@ class Workload:
             processes as itself, a development mode: ``docs/security.md``).
         time_limit_s: event seconds from its start after which the agent stops it (SIGTERM, the grace, SIGKILL)
             and reports ``JobFailed`` reason :data:`TIME_LIMIT` (``StartWorkload.time_limit_s``); ``None``: none.
-        timed_out: the agent is stopping it at its time limit.
+        limit_reached: the limit the agent is stopping it at (:data:`TIME_LIMIT`, :data:`DISK_QUOTA`): the reason
+            its exit is reported with; ``None``: none.
     """
 
     node_id: str
@@ -557,7 +562,7 @@ class Workload:
     checkpoint_interval_s: float | None = None
     account: Account | None = None
     time_limit_s: float | None = None
-    timed_out: bool = False
+    limit_reached: str | None = None
 
     @property
     def key(self) -> RunKey:
@@ -959,14 +964,65 @@ def with_launched(state: AgentState, w: Workload) -> AgentState:
     return replace(state, running={**state.running, w.key: w}, waiting=waiting, by_node=by_node)
 
 
-def with_timed_out(state: AgentState, key: RunKey) -> tuple[AgentState, Workload | None]:
-    """State after replica ``key`` reached its time limit: it is stopping and :attr:`Workload.timed_out`, with the
-    default grace. ``None`` (state unchanged) when it no longer runs or is already stopping for another reason."""
+def with_limit_reached(state: AgentState, key: RunKey, limit: str) -> tuple[AgentState, Workload | None]:
+    """State after replica ``key`` reached a limit (:data:`TIME_LIMIT`, :data:`DISK_QUOTA`): it is stopping with the
+    default grace, :attr:`Workload.limit_reached` ``limit``. ``None`` (state unchanged) when it no longer runs or is
+    already stopping for another reason."""
     w = state.running.get(key)
     if w is None or w.stopping:
         return state, None
-    w = replace(w, stopping=True, timed_out=True, grace_s=DEFAULT_GRACE_S)
+    w = replace(w, stopping=True, limit_reached=limit, grace_s=DEFAULT_GRACE_S)
     return replace(state, running={**state.running, key: w}), w
+
+
+def job_roots(checkpoint_root: str, log_dir: str | None, job_id: str) -> tuple[str, ...]:
+    """The directories of job ``job_id`` on this node that its disk limit counts: its checkpoint directory, and its
+    output directory (``<log_dir>/<job>``, where its replicas' ``TMPDIR`` also lie: :func:`job_files`)."""
+    name = job_dir_name(job_id)
+    ckpt = posixpath.join(checkpoint_root, name)
+    return (ckpt,) if log_dir is None else (ckpt, posixpath.join(log_dir, name))
+
+
+@dataclass(frozen=True, slots=True)
+class DiskCheck:
+    """One job's share of a disk-measuring pass (:func:`disk_checks`).
+
+    Attributes:
+        job_id: the job.
+        roots: its directories (:func:`job_roots`).
+        replicas: its process replicas running here and not stopping, in key order: stopped together when over.
+        limit_bytes: its limit: the GPUs of those replicas times the limit per GPU.
+    """
+
+    job_id: str
+    roots: tuple[str, ...]
+    replicas: tuple[RunKey, ...]
+    limit_bytes: int
+
+
+def disk_limit_bytes(gpus: int, mb_per_gpu: int) -> int:
+    """The disk limit of ``gpus`` GPUs (at least one: a replica always holds one) at ``mb_per_gpu`` MiB each."""
+    return max(1, gpus) * mb_per_gpu * 1024 * 1024
+
+
+def disk_checks(state: AgentState, checkpoint_root: str, log_dir: str | None, mb_per_gpu: int) -> list[DiskCheck]:
+    """What one disk-measuring pass looks at: each job with a process replica running here (adopted ones too) and
+    none of them stopping, in job order. Its replicas share its directories, so the limit is theirs together."""
+    by_job: dict[str, list[Workload]] = {}
+    for key in sorted(state.running):
+        w = state.running[key]
+        if not w.simulated:
+            by_job.setdefault(w.job_id, []).append(w)
+    return [
+        DiskCheck(
+            job,
+            job_roots(checkpoint_root, log_dir, job),
+            tuple(w.key for w in ws),
+            disk_limit_bytes(sum(max(1, len(w.gpus)) for w in ws), mb_per_gpu),
+        )
+        for job, ws in sorted(by_job.items())
+        if not any(w.stopping for w in ws)
+    ]
 
 
 def with_deferred(state: AgentState, w: Workload) -> AgentState:
@@ -1089,8 +1145,8 @@ def exit_event(
     )
     if reason is None and exit_code == 0 and not w.stopping:
         return JobCompleted(**common, exit_code=0)
-    if reason is None and w.timed_out:
-        reason = TIME_LIMIT
+    if reason is None and w.limit_reached is not None:
+        reason = w.limit_reached
     if reason is None:
         if w.stopping:
             reason = STOPPED if not never_started else f"{STOPPED} before start"

@@ -28,6 +28,9 @@ each process replica the agent:
   :mod:`services.node_agent.landlock`), then drops to the account (supplementary groups, gid, uid; umask 077)
   and gives it a session keyring of its own, in the child between fork and exec (:func:`child_setup`), inside
   a new session;
+* limits the disk its job's directories on the node take (checkpoint directory, output and ``TMPDIR``): the agent
+  measures them on a period (:func:`disk_use`) and stops the replicas of a job over its limit, and each process may
+  write no file beyond its replica's limit (``RLIMIT_FSIZE``, :func:`child_setup`);
 * on a stop signals every process of the cgroup, and when the replica ends kills whatever is left of it
   (v1: freeze, SIGKILL each, thaw; v2: ``cgroup.kill``), reads whether the OOM killer struck (reported
   ``oom``), and removes the cgroup.
@@ -48,13 +51,14 @@ import os
 import platform
 import pwd
 import re
+import resource
 import signal
 import stat
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from apportion.jobdirs import job_dir_name
 from services.node_agent import connfilter, devfilter, landlock
@@ -182,12 +186,7 @@ def own_dir(path: str, account: Account | None) -> None:
             (``EPERM``) it belongs to another account.
     """
     os.makedirs(path, mode=0o700, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise OSError(errno.ENOTDIR, "not a directory", path) from exc
-        raise
+    fd = open_dir(path)
     try:
         if account is not None:
             owner = os.fstat(fd).st_uid
@@ -197,6 +196,21 @@ def own_dir(path: str, account: Account | None) -> None:
         os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
+
+
+def open_dir(path: str) -> int:
+    """A descriptor (read-only, close-on-exec) of directory ``path``, opened without following a link at its name.
+
+    Raises:
+        NotADirectoryError: a link or anything but a directory lies there (``ENOTDIR``, ``not a directory``).
+        OSError: it cannot be opened (missing, ``EACCES``).
+    """
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path) from exc
+        raise
 
 
 def private_dir(path: Path) -> None:
@@ -298,6 +312,163 @@ def protect_agent_files(
     if state_dir.is_dir():
         state_dir.chmod(0o711 if inside else 0o700)
     protect(journal)
+
+
+# --------------------------------------------------------------------------- disk
+
+#: What every inode in a job's directories is charged at least, bytes: one block, the least a non-empty file takes on
+#: ext4 or xfs. An empty file or a fifo, which takes no block but an inode, costs this much, so a job cannot use up
+#: the file system's inodes with files that weigh nothing (a job at its limit L holds at most L / 4096 of them).
+ENTRY_FLOOR_BYTES = 4096
+
+#: The share of the free space of the job roots' file system that the default disk limit gives out
+#: (:func:`disk_mb_per_gpu`); the rest is the agent's journal's, and the margin for what replicas write between two
+#: measurements.
+DISK_SHARE = 0.9
+
+
+def entry_bytes(size: int, blocks: int) -> int:
+    """What one inode of a job's directories is charged: the largest of its size, its allocated blocks
+    (``st_blocks`` x 512) and :data:`ENTRY_FLOOR_BYTES`. A sparse file is charged its size (the room it may take
+    once written), a small file its block."""
+    return max(size, blocks * 512, ENTRY_FLOOR_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class DiskUse:
+    """What :func:`disk_use` found.
+
+    Attributes:
+        used_bytes: the bytes charged (:func:`entry_bytes` of each inode, hard links once); the whole tree's when
+            :attr:`complete`, else a lower bound (the walk stops once it passes the limit).
+        complete: every directory was listed.
+        unreadable: the first directory that could not be listed (the job took its permissions away, or the agent
+            is not root): ``None`` when none. Counts as over the limit: what it holds cannot be measured.
+        entries: the inodes charged.
+    """
+
+    used_bytes: int
+    complete: bool
+    unreadable: str | None = None
+    entries: int = 0
+
+    def over(self, limit_bytes: int) -> bool:
+        """Over ``limit_bytes``: more than it charged (exactly the limit is within it), or a directory unreadable."""
+        return self.unreadable is not None or self.used_bytes > limit_bytes
+
+
+def disk_use(
+    roots: Iterable[str],
+    limit_bytes: int,
+    *,
+    listdir: Callable[[str, tuple[int, int]], Iterator[Any]] | None = None,
+    lstat: Callable[[str], os.stat_result] = os.lstat,
+) -> DiskUse:
+    """Measure the directories ``roots`` of one job: every inode beneath them charged :func:`entry_bytes` once
+    (a hard link's other names, within or across the roots, are the same inode: ``(st_dev, st_ino)``); links are
+    never followed (a symbolic link is charged as the link it is, and a directory is listed only while its name
+    still leads, without a link, to the inode its parent listed: :func:`list_dir`); a root that is missing is
+    charged nothing, a name removed or moved during the walk is passed over (found where it went, if in the roots).
+
+    The walk stops as soon as the charge passes ``limit_bytes`` (the job is over, the rest needs no look) or a
+    directory cannot be listed (``EACCES``: over too): since every inode costs at least :data:`ENTRY_FLOOR_BYTES`,
+    one pass looks at no more than ``limit_bytes / 4096 + 1`` inodes, whatever the job made. ``listdir`` and
+    ``lstat``: the file system's (tests give a tree of their own).
+    """
+    listing = list_dir if listdir is None else listdir
+    seen: set[tuple[int, int]] = set()
+    used = 0
+    todo: list[tuple[str, tuple[int, int]]] = []
+
+    def charge(st: os.stat_result) -> bool:
+        nonlocal used
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            return False
+        seen.add(key)
+        used += entry_bytes(st.st_size, getattr(st, "st_blocks", 0))
+        return True
+
+    for root in roots:
+        try:
+            st = lstat(root)
+        except FileNotFoundError:
+            continue
+        if charge(st) and stat.S_ISDIR(st.st_mode):
+            todo.append((root, (st.st_dev, st.st_ino)))
+    if used > limit_bytes:
+        return DiskUse(used, False, None, len(seen))
+    while todo:
+        directory, key = todo.pop()
+        entries = listing(directory, key)
+        try:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not charge(st):
+                    continue
+                if used > limit_bytes:
+                    return DiskUse(used, False, None, len(seen))
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append((os.path.join(directory, entry.name), (st.st_dev, st.st_ino)))
+        except FileNotFoundError:
+            continue
+        except OSError:  # EACCES (a directory made unreadable, an agent that is not root), EIO
+            return DiskUse(used, False, directory, len(seen))
+        finally:
+            close = getattr(entries, "close", None)
+            if close is not None:
+                close()
+    return DiskUse(used, True, None, len(seen))
+
+
+def list_dir(path: str, key: tuple[int, int]) -> Iterator[os.DirEntry[str]]:
+    """The entries of directory ``path`` (each ``stat`` relative to the directory opened, never through its name
+    again), when ``path`` still leads to the inode ``key`` (``(st_dev, st_ino)``) its parent's listing gave it.
+
+    Opened without following a link at its last component, and checked on the descriptor: a job that swapped the
+    directory, or one of the directories above it, for a link (to ``/``, to another user's files) between the
+    parent's listing and this one makes the agent list nothing of where the link leads.
+
+    Raises:
+        FileNotFoundError: ``path`` is gone, or is no longer that directory (moved, or swapped for a link or a
+            file): passed over by :func:`disk_use`.
+        PermissionError: it cannot be opened for listing.
+    """
+    try:
+        fd = open_dir(path)
+    except NotADirectoryError as exc:
+        raise FileNotFoundError(errno.ENOENT, "no longer a directory", path) from exc
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != key:
+            raise FileNotFoundError(errno.ENOENT, "no longer the directory listed", path)
+        with os.scandir(fd) as it:
+            yield from it
+    finally:
+        os.close(fd)
+
+
+def disk_mb_per_gpu(free_bytes: int, gpus_per_node: Iterable[int]) -> int:
+    """The default disk limit per GPU (``sandbox_disk_mb_per_gpu`` unset): :data:`DISK_SHARE` of the ``free_bytes``
+    of the job roots' file system when the agent starts, over every GPU the agent hosts, at least 1 MiB; so the
+    replicas of all its nodes at their limits together leave a tenth of it to the agent."""
+    return max(1, int(free_bytes * DISK_SHARE) // (1 << 20) // max(1, sum(gpus_per_node)))
+
+
+def free_bytes(paths: Iterable[Path]) -> int:
+    """The least space free to an unprivileged writer (``f_bavail``) on the file systems of ``paths`` (of the
+    nearest directory that exists above one that does not yet)."""
+    free = []
+    for p in paths:
+        where = p.absolute()
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        st = os.statvfs(where)
+        free.append(st.f_bavail * st.f_frsize)
+    return min(free) if free else 0
 
 
 # --------------------------------------------------------------------------- devices
@@ -781,6 +952,7 @@ def child_setup(
     account: Account | None,
     mounts: Callable[[], None] | None = None,
     scopes: int = 0,
+    file_size_bytes: int | None = None,
 ) -> Callable[[], None]:
     """What the child runs between fork and exec (``preexec_fn``, after ``setsid``): join the cgroup while
     still privileged, enter its own mount and IPC namespaces (``mounts``: :meth:`PrivateMounts.setup`), set
@@ -789,8 +961,11 @@ def child_setup(
     :func:`services.node_agent.landlock.restrict_self`: abstract Unix sockets, signals and ``ptrace`` of
     processes outside the replica refused), then umask 077, drop to ``account`` (supplementary groups, gid,
     uid: real, effective and saved) and join a new session keyring of that account's (the agent's, and the
-    keys it reaches, are out of the job's possession: :func:`new_session_keyring`). Nothing here allocates
-    a lock another thread could hold (no NSS lookups: the groups were resolved before the fork)."""
+    keys it reaches, are out of the job's possession: :func:`new_session_keyring`). With ``file_size_bytes``, no
+    process of the replica may write a file beyond that size (``RLIMIT_FSIZE``, soft and hard, set while still
+    privileged: the kernel sends ``SIGXFSZ`` to a write past it), so one file cannot pass the replica's disk limit
+    between two measurements. Nothing here allocates a lock another thread could hold (no NSS lookups: the groups
+    were resolved before the fork)."""
     targets = tuple(procs_files)
 
     def setup() -> None:
@@ -803,6 +978,8 @@ def child_setup(
                 os.close(fd)
         if mounts is not None:
             mounts()
+        if file_size_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_bytes, file_size_bytes))
         no_new_privs()
         if scopes:
             landlock.restrict_self(scopes)
@@ -1006,6 +1183,10 @@ class Sandbox:
             :func:`services.node_agent.connfilter.resolve`), closed on ``closed_ports`` as loopback is.
         landlock_scopes: the scopes of the Landlock domain each replica enters (:func:`landlock_scopes`); 0: none
             (a kernel before Linux 6.12, said at start).
+        disk_mb_per_gpu: the disk limit of a job's directories on the node per GPU its replicas here hold, MiB
+            (measured by the agent: :func:`disk_use`; each file of a replica at most its own limit:
+            ``RLIMIT_FSIZE``); ``None``: no limit.
+        disk_poll_wall_s: wall seconds between two measurements (the agent's ``check_disk``).
     """
 
     accounts: Accounts
@@ -1020,6 +1201,8 @@ class Sandbox:
     closed_ports: tuple[int, ...] = ()
     closed_addresses: tuple[str, ...] = ()
     landlock_scopes: int = 0
+    disk_mb_per_gpu: int | None = None
+    disk_poll_wall_s: float = 5.0
 
     def cgroup_for(self, key: RunKey, gpus: int, gpu_files: Sequence[str]) -> Cgroup | None:
         """Create the cgroup of replica ``key`` holding ``gpus`` GPUs whose device files are ``gpu_files``."""

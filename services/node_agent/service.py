@@ -84,6 +84,9 @@ from services.node_agent.sandbox import (
     Sandbox,
     cgroups,
     child_setup,
+    disk_mb_per_gpu,
+    disk_use,
+    free_bytes,
     landlock_scopes,
     memory_mb_per_gpu,
     not_world_writable,
@@ -186,6 +189,10 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
     if memory is None:
         total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
         memory = memory_mb_per_gpu(total_mb, (p.inventory.gpu_count for p in probes))
+    disk = settings.sandbox_disk_mb_per_gpu
+    if disk is None:
+        free = free_bytes([settings.checkpoint_root_path(), settings.job_log_path()])
+        disk = disk_mb_per_gpu(free, (p.inventory.gpu_count for p in probes))
     mounts = PrivateMounts.available()
     closed = settings.closed_ports()
     if mounts is None:
@@ -206,6 +213,8 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         closed_ports=closed,
         closed_addresses=connfilter.resolve(settings.connection().hosts()) if closed else (),
         landlock_scopes=landlock_scopes(),
+        disk_mb_per_gpu=disk,
+        disk_poll_wall_s=settings.sandbox_disk_poll_wall_s,
     )
     if box.closed_ports and (driver is None or not driver.closes_ports):
         log.error(
@@ -215,13 +224,15 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
             ", ".join(box.closed_addresses) or "none but loopback",
         )
     log.info(
-        "job isolation: accounts of the jobs' users%s, cgroup v%s under %s, %d MiB and CPU weight %d per GPU, "
-        "%d processes%s%s",
+        "job isolation: accounts of the jobs' users%s, cgroup v%s under %s, %d MiB, CPU weight %d and %d MiB of "
+        "disk (measured every %g s) per GPU, %d processes%s%s",
         f" ({len(account_map)} mapped)" if account_map else "",
         driver.version if driver else "-",
         settings.cgroup_parent_path(),
         memory,
         settings.sandbox_cpu_weight_per_gpu,
+        disk,
+        settings.sandbox_disk_poll_wall_s,
         settings.sandbox_pids_max,
         f", ports {', '.join(map(str, box.closed_ports))} closed on loopback"
         + "".join(f", {a}" for a in box.closed_addresses)
@@ -364,6 +375,7 @@ class NodeAgent:
         emit_many: EmitMany | None = None,
     ) -> None:
         self.sandbox = sandbox
+        self._disk_task: asyncio.Task[None] | None = None
         self.group_commit = group_commit
         self._emit_many = emit_many
         #: reports made while a group is open, published once its journal lines are on disk (None: no group)
@@ -493,8 +505,9 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self, heartbeats: bool = True, poll_progress: bool = True) -> None:
-        """Settle the journal's orphans, register the nodes, start heartbeats and progress polling.
+    async def start(self, heartbeats: bool = True, poll_progress: bool = True, watch_disk: bool = True) -> None:
+        """Settle the journal's orphans, register the nodes, start heartbeats, progress polling and (``watch_disk``,
+        where the sandbox has a disk limit) the measurement of the jobs' directories (:meth:`check_disk`).
 
         Orphans (replicas running when the previous agent process died), each
         after its last checkpoint is published:
@@ -567,6 +580,8 @@ class NodeAgent:
             self._hb_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
         if poll_progress and self.checkpoint_root is not None:
             self._poll_task = asyncio.create_task(self._progress_loop(), name="progress")
+        if watch_disk and self._disk_limited():
+            self._disk_task = asyncio.create_task(self._disk_loop(), name="disk")
 
     def _orphan_workload(self, o: Orphan, sim_s: float | None) -> Workload:
         """The :class:`Workload` an orphan stands for (its command is not journalled: an empty argv).
@@ -668,7 +683,7 @@ class NodeAgent:
         replicas requeues them for other nodes, or until the agent registers again at its next start.
         """
         await self.end_group()
-        for t in (self._hb_task, self._poll_task):
+        for t in (self._hb_task, self._poll_task, self._disk_task):
             if t is not None:
                 t.cancel()
                 await asyncio.gather(t, return_exceptions=True)
@@ -712,6 +727,53 @@ class NodeAgent:
                 await self.poll_progress()
             except Exception:  # a surprise in one look must not end polling for every workload
                 log.exception("progress poll failed")
+
+    # ------------------------------------------------------------------ disk
+
+    def _disk_limited(self) -> bool:
+        return (
+            self.checkpoint_root is not None and self.sandbox is not None and self.sandbox.disk_mb_per_gpu is not None
+        )
+
+    async def check_disk(self) -> list[str]:
+        """Measure the directories of every job with a process replica running here (:func:`logic.disk_checks`;
+        each walk in a worker thread, never on the event loop, and bounded: :func:`disk_use`); stop the replicas of
+        each job over its limit as at a time limit (SIGTERM, the default grace, SIGKILL), their exits reported
+        ``JobFailed`` reason ``disk_quota``. Returns the jobs stopped, in order."""
+        if not self._disk_limited():
+            return []
+        assert self.checkpoint_root is not None and self.sandbox is not None and self.sandbox.disk_mb_per_gpu
+        log_dir = str(self.job_log_dir) if self.job_log_dir is not None else None
+        stopped = []
+        for check in logic.disk_checks(self.state, str(self.checkpoint_root), log_dir, self.sandbox.disk_mb_per_gpu):
+            use = await asyncio.to_thread(disk_use, check.roots, check.limit_bytes)
+            if not use.over(check.limit_bytes):
+                continue
+            async with self._lock:
+                signalled = False
+                for key in check.replicas:
+                    self.state, w = logic.with_limit_reached(self.state, key, logic.DISK_QUOTA)
+                    if w is not None:
+                        self._signal(w, w.grace_s)
+                        signalled = True
+            if signalled:
+                stopped.append(check.job_id)
+                log.warning(
+                    "job %s is over its disk limit of %d bytes on this node (%s): stopping its replicas %s",
+                    check.job_id,
+                    check.limit_bytes,
+                    f"{use.unreadable} cannot be listed" if use.unreadable else f"at least {use.used_bytes} bytes",
+                    [k[3] for k in check.replicas],
+                )
+        return stopped
+
+    async def _disk_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.sandbox.disk_poll_wall_s if self.sandbox is not None else 5.0)
+            try:
+                await self.check_disk()
+            except Exception:  # a surprise in one pass must not end the measuring for every job
+                log.exception("disk measurement failed")
 
     async def _look_at_orphan(self, o: Orphan) -> None:
         """Publish the checkpoint an orphan's progress file holds, if it changed since the orphan started."""
@@ -981,6 +1043,9 @@ class NodeAgent:
                             w.account,
                             mounts.setup if mounts else None,
                             box.landlock_scopes,
+                            None
+                            if box.disk_mb_per_gpu is None
+                            else logic.disk_limit_bytes(len(w.gpus), box.disk_mb_per_gpu),
                         )
                         if box is not None
                         else None,
@@ -1087,6 +1152,9 @@ class NodeAgent:
                 reason = OOM if oom and not current.stopping else None
                 if reason is not None:
                     log.warning("replica %s was killed for memory (the cgroup's OOM killer)", w.key)
+                elif code == -signal.SIGXFSZ and self._disk_limited() and not current.stopping:
+                    reason = logic.DISK_QUOTA  # a file past the replica's limit (RLIMIT_FSIZE)
+                    log.warning("replica %s was killed for writing a file beyond its disk limit", w.key)
                 await self._emit(logic.exit_event(current, code, now, reason=reason))
             self.journal.ended(w.key, now, lost=lost)
             self.state = logic.with_exited(self.state, w.key)
@@ -1099,12 +1167,13 @@ class NodeAgent:
 
     async def _limit(self, key: RunKey, limit_s: float, left_s: float | None = None) -> None:
         """Stop replica ``key`` when it has run ``limit_s`` event seconds (its time limit): SIGTERM, the default
-        grace, SIGKILL, as a preemption does; its exit is reported ``JobFailed`` reason ``time_limit``.
+        grace, SIGKILL, as a preemption does; its exit is reported ``JobFailed`` reason ``time_limit``
+        (:func:`logic.with_limit_reached`).
         ``left_s``: the event seconds still to wait (an adopted replica's limit runs from its start), default
         ``limit_s``."""
         await self.clock.sleep(limit_s if left_s is None else left_s)
         async with self._lock:
-            self.state, w = logic.with_timed_out(self.state, key)
+            self.state, w = logic.with_limit_reached(self.state, key, logic.TIME_LIMIT)
             if w is not None:
                 log.info("replica %s reached its time limit of %.0f s: stopping it", key, limit_s)
                 self._signal(w, w.grace_s)

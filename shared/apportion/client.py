@@ -741,7 +741,11 @@ def cancel(
     bootstrap: str | None = None,
     identity: Identity | None = None,
 ) -> events.JobCancelRequested:
-    """Sign and publish a request to cancel ``job_id``; returns the published request."""
+    """Sign and publish a request to cancel ``job_id``; returns the published request.
+
+    The dispatcher answers ``JobCancelled`` (of a job array's id: every element still active cancelled, their count
+    in its ``array_elements``: :func:`array_elements`) or ``JobRejected`` of the request.
+    """
     return _request(events.JobCancelRequested, job_id, user, reason, bootstrap, identity)
 
 
@@ -757,7 +761,8 @@ def hold(
 
     The dispatcher answers ``JobHeld`` (the job stays queued in its place and is never placed until
     released) or ``JobRejected`` of the request (``request="JobHoldRequested"``: not pending, already
-    held, not the user's own job).
+    held, not the user's own job). Of a job array's id: every pending element held, their count in the
+    answer's ``array_elements`` (:func:`array_elements`).
     """
     return _request(events.JobHoldRequested, job_id, user, reason, bootstrap, identity)
 
@@ -770,8 +775,17 @@ def release(
     bootstrap: str | None = None,
     identity: Identity | None = None,
 ) -> events.JobReleaseRequested:
-    """Sign and publish a request to release held job ``job_id`` (answered ``JobReleased`` or ``JobRejected``)."""
+    """Sign and publish a request to release held job ``job_id`` (answered ``JobReleased`` or ``JobRejected``; of a
+    job array's id, every held element released, their count in ``array_elements``: :func:`array_elements`)."""
     return _request(events.JobReleaseRequested, job_id, user, reason, bootstrap, identity)
+
+
+def array_elements(answer: events.Event | None, request: events.JobRequest) -> int | None:
+    """How many elements of a job array the dispatcher's ``answer`` to ``request`` (published by :func:`cancel`,
+    :func:`hold` or :func:`release`, its answer read with :class:`VerdictWatcher`) applied to: the answer's
+    ``array_elements``, also read from an answer written before that field existed; ``None`` for a job's answer,
+    a refusal, or no answer."""
+    return events.array_elements_of(answer, request.reason)
 
 
 #: Milliseconds a reader of :func:`log_reader` waits for a broker of its bootstrap to answer before it raises.

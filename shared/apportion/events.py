@@ -614,6 +614,10 @@ class JobHeld(Event):
         reason: the request's reason.
         request_id: the ``event_id`` of the request it answers (a ``JobHoldRequested`` or the
             ``JobSubmitted`` with ``hold``).
+        array_elements: on the answer of a job array's id, how many of its elements the request applied to
+            (each also gets an answer of its own); ``None`` on a job's answer. An optional additive field
+            (rule D4.events: the schema version stays 1): a record written before it has none, and its
+            ``reason`` ends with the count instead (:func:`array_elements_of`).
     """
 
     type: Literal["JobHeld"] = "JobHeld"
@@ -621,12 +625,14 @@ class JobHeld(Event):
     by: str
     reason: str = ""
     request_id: uuid.UUID | None = None
+    array_elements: int | None = Field(default=None, ge=0)
 
 
 class JobReleased(Event):
     """The dispatcher released a held job: it is placed again in fair-share order (its ``submitted_at`` kept).
 
-    Attributes as :class:`JobHeld`'s (``request_id``: the ``JobReleaseRequested`` it answers).
+    Attributes as :class:`JobHeld`'s (``request_id``: the ``JobReleaseRequested`` it answers;
+    ``array_elements``: the held elements of an array that it released).
     """
 
     type: Literal["JobReleased"] = "JobReleased"
@@ -634,6 +640,7 @@ class JobReleased(Event):
     by: str
     reason: str = ""
     request_id: uuid.UUID | None = None
+    array_elements: int | None = Field(default=None, ge=0)
 
 
 class JobQueued(Event):
@@ -807,8 +814,23 @@ class JobCompleted(Event):
     exit_code: int = 0
 
 
+#: The codes of a ``JobFailed.reason`` for a limit the node agent enforced -> what each means, as ``audit explain``
+#: says it. Any other reason is ``stopped`` (a stop it was sent) or a sentence of its own (``exit code 3``, ``killed
+#: by signal 9``, ``spawn failed: ...``).
+FAILURE_REASONS: dict[str, str] = {
+    "time_limit": "stopped at its time limit",
+    "oom": "killed for memory by the OOM killer of its cgroup",
+    "disk_quota": "its files on the node passed its disk limit",
+}
+
+
 class JobFailed(Event):
-    """A run (or one replica) exited non-zero or could not start."""
+    """A run (or one replica) exited non-zero or could not start.
+
+    Attributes:
+        reason: one of :data:`FAILURE_REASONS` (``stopped``, ``time_limit``, ``oom``, ``disk_quota``), or what
+            happened in words (``exit code N``, ``killed by signal N``, ``spawn failed: ...``).
+    """
 
     type: Literal["JobFailed"] = "JobFailed"
     job_id: str
@@ -820,12 +842,18 @@ class JobFailed(Event):
 
 
 class JobCancelled(Event):
-    """A job was cancelled; ``attempt`` is the run stopped, ``None`` if it was pending."""
+    """A job was cancelled; ``attempt`` is the run stopped, ``None`` if it was pending.
+
+    Attributes:
+        array_elements: on the cancel of a job array's id, how many of its elements were still active and
+            cancelled (as :attr:`JobHeld.array_elements`); ``None`` on a job's.
+    """
 
     type: Literal["JobCancelled"] = "JobCancelled"
     job_id: str
     attempt: int | None = None
     reason: str = ""
+    array_elements: int | None = Field(default=None, ge=0)
 
 
 class JobLost(Event):
@@ -1406,6 +1434,28 @@ def topic_of(event: Event, prefix: str) -> str:
 # --------------------------------------------------------------------------- versions
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+#: How the answer of a job array's id ended its ``reason`` before :attr:`JobHeld.array_elements` existed:
+#: ``(array: N elements)`` for a hold or release, ``(array of N active elements)`` for a cancel.
+_OLD_ARRAY_COUNT = re.compile(r" \(array(?::| of) (\d+) (?:active )?elements?\)")
+
+
+def array_elements_of(answer: Event | None, asked: str) -> int | None:
+    """How many elements of a job array the dispatcher's answer to a cancel, hold or release applied to: its
+    ``array_elements``; ``None`` for a job's answer (or none at all).
+
+    A record written before the field (it has none) is read the old way: the count its ``reason`` ends with,
+    after the request's own reason ``asked`` (with which the dispatcher's began), so a reason of the user's that
+    merely looks like a count is not taken for one."""
+    count = getattr(answer, "array_elements", None)
+    if isinstance(count, int) or answer is None:
+        return count
+    said = getattr(answer, "reason", None)
+    if not isinstance(said, str) or not said.startswith(asked):
+        return None
+    rest = said[len(asked) :]
+    found = _OLD_ARRAY_COUNT.fullmatch(rest) if asked else _OLD_ARRAY_COUNT.search(rest)
+    return int(found.group(1)) if found is not None and found.end() == len(rest) else None
 
 
 def upcast_job_submitted_v1_v2(d: dict[str, Any]) -> dict[str, Any]:

@@ -128,6 +128,7 @@ __all__ = [
     "RunEnd",
     "forecast",
     "run_end",
+    "burst_arrivals",
     "recent_arrivals",
     "week_before_arrivals",
     "user_history",
@@ -145,6 +146,12 @@ ARRIVAL_LOOKBACK_S = 86_400.0
 #: ``--with-arrivals``: the submissions of the same hours this many seconds before are replayed as many seconds
 #: later (:func:`week_before_arrivals`): a week, the occupancy window's natural period.
 ARRIVAL_PERIOD_S = 7 * 86_400.0
+#: ``burst_arrivals``: a user's submissions less than this many seconds apart are one burst (a longer gap ends it).
+BURST_GAP_S = 1800.0
+#: ``burst_arrivals``: the rate and the jobs of a burst in progress are those of its last this many submissions.
+BURST_RECENT = 10
+#: ``burst_arrivals``: the fewest ended bursts of the user, longer than the one in progress, its count is taken from.
+BURST_MIN_LONGER = 2
 #: The forward run's periodic cycle while jobs wait (the dispatcher service's and the simulator's default).
 CYCLE_S = 300.0
 #: How far ahead the forward run looks by default, seconds (a job not started by then has no start).
@@ -411,6 +418,75 @@ def week_before_arrivals(
     return recent_arrivals(events, now_us)
 
 
+def _bursts(times: Sequence[Micros], gap: Micros) -> list[tuple[int, int]]:
+    """``times`` (sorted) cut into bursts where two in a row are more than ``gap`` apart: ``(first, end)`` indices."""
+    out: list[tuple[int, int]] = []
+    first = 0
+    for i in range(1, len(times) + 1):
+        if i == len(times) or times[i] - times[i - 1] > gap:
+            out.append((first, i))
+            first = i
+    return out
+
+
+def burst_arrivals(
+    events: Iterable[Event],
+    now_us: Micros,
+    users: Set[str] | None = None,
+    gap_s: float = BURST_GAP_S,
+    recent: int = BURST_RECENT,
+    min_longer: int = BURST_MIN_LONGER,
+    again_s: float = 0.0,
+) -> list[tuple[Micros, JobQueued]]:
+    """The rest of each burst in progress at ``now_us``, as ``forecast``'s ``arrivals`` (measured, not a mode:
+    ``bench_forecast.py``'s ``forecast + bursts``; docs/operations.md, Accuracy).
+
+    A user's submissions (``JobQueued``, attempt 1, before ``now_us``) in time order are cut into bursts by gaps
+    longer than ``gap_s``; the burst in progress is the last one when its last submission is at most ``gap_s``
+    before ``now_us``. It is assumed to reach the median count of the user's earlier (ended) bursts that had more
+    submissions than it has so far, when there are at least ``min_longer`` of them (none otherwise: a user's
+    history too short to say); the submissions it lacks come at the mean gap of its last ``recent`` ones (the median
+    gap within those earlier bursts when it has one submission), from its last one on, each a copy of those last
+    jobs in turn (their budget, user, shape, allocation and declared work). With ``again_s``, a burst with too
+    few such is taken to go on at that rate as long again as it has lasted, at most ``again_s``. Only the users of ``users``
+    (``None``: every user with a burst in progress). Sorted by time, then job id.
+    """
+    gap = s_to_us(gap_s)
+    subs: dict[str, list[tuple[Micros, JobQueued]]] = {}
+    for ev in events:
+        if type(ev) is JobQueued and ev.attempt == 1 and (users is None or ev.user in users):
+            t = to_us(ev.ts)
+            if t <= now_us:
+                subs.setdefault(ev.user, []).append((t, ev))
+    out: list[tuple[Micros, JobQueued]] = []
+    for who in sorted(subs):
+        jobs = sorted(subs[who], key=lambda a: (a[0], a[1].job_id))
+        times = [t for t, _ in jobs]
+        if now_us - times[-1] > gap:
+            continue  # no burst in progress
+        *ended, (first, end) = _bursts(times, gap)
+        n = end - first
+        longer = [e - f for f, e in ended if e - f > n]
+        tail = max(first, end - recent) if recent > 0 else first
+        if len(longer) >= min_longer:
+            more = int(median(longer)) - n
+        elif again_s > 0 and end - tail > 1:
+            more = -1  # as long again as it has lasted, at most again_s, at its rate (below)
+        else:
+            continue
+        if end - tail > 1:
+            step_us = (times[end - 1] - times[tail]) // (end - tail - 1)
+        else:  # one submission so far: the median gap within the user's longer bursts
+            step_us = int(median([times[i] - times[i - 1] for f, e in ended if e - f > n for i in range(f + 1, e)]))
+        if more < 0:
+            more = min(times[end - 1] - times[first], s_to_us(again_s)) // max(1, step_us)
+        burst = [ev for _, ev in jobs[tail:end]]
+        n = len(burst)
+        out.extend((times[end - 1] + k * max(1, step_us), burst[(k - 1) % n]) for k in range(1, more + 1))
+    out.sort(key=lambda a: (a[0], a[1].job_id))
+    return out
+
+
 def recent_waits(
     events: Iterable[Event], now_us: Micros, lookback_s: float = WAITS_LOOKBACK_S
 ) -> dict[int, tuple[tuple[float, bool], ...]]:
@@ -622,9 +698,11 @@ class _Forward:
     def arrive(self, arrivals: Sequence[tuple[Micros, JobQueued]], period_s: float) -> None:
         """Replay ``arrivals`` (their first time, the job they copy) every ``period_s`` until the horizon."""
         self.period_us = s_to_us(period_s)
+        copies: dict[str, int] = {}  # a job copied more than once (a burst's jobs in turn): its k-th copy
         for t, job in arrivals:
             if self.now <= t <= self.horizon:
-                self.push(t, self._ARRIVAL, (job, 1))
+                k = copies[job.job_id] = copies.get(job.job_id, 0) + 1
+                self.push(t, self._ARRIVAL, (job, k))
 
     def _arrival(self, payload: tuple[JobQueued, int], t: Micros) -> bool:
         job, k = payload

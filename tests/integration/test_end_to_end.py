@@ -10,6 +10,7 @@ deadline (no sleeps as synchronisation).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +97,13 @@ async def test_a_job_array_runs_throttled_and_cancels_as_one(cluster: Cluster) -
     for verb, said in (("hold", "held"), ("release", "released")):  # the 2 pending elements, each way
         res = await asyncio.to_thread(runner.invoke, app, [verb, "long", "--user", "alice"], env=env)
         assert res.exit_code == 0 and res.output.strip() == f"{said} long (array: 2 elements)", res.output
+    res = await asyncio.to_thread(runner.invoke, app, ["hold", "long", "--user", "alice", "--json"], env=env)
+    doc = json.loads(res.output)
+    assert (res.exit_code, doc["verdict"], doc["array_elements"], doc["event"]["reason"]) == (
+        0, "held", 2, "no reason given"
+    ), res.output  # fmt: skip
+    res = await asyncio.to_thread(runner.invoke, app, ["release", "long", "--user", "alice", "--json"], env=env)
+    assert json.loads(res.output)["array_elements"] == 2, res.output
     res = await asyncio.to_thread(runner.invoke, app, ["cancel", "long", "--user", "alice"], env=env)
     assert res.exit_code == 0 and res.output.strip() == "cancelled long (array: 6 elements)", res.output
     evs = await cluster.until(

@@ -20,6 +20,7 @@ import os
 import pwd
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import uuid
@@ -1361,3 +1362,119 @@ def test_a_directory_swapped_for_a_link_while_it_is_handed_over_changes_nothing_
     monkeypatch.setattr(os, "fstat", fstat_then_swap)
     own_dir(str(target), None)
     assert real_lstat(victim).st_mode & 0o777 == 0o755
+
+
+#: A job that fills its directories as ``argv[1]`` says, then writes ``ready`` and stays until ``go`` appears in its
+#: working directory: ``small`` 200 files of 8 KiB in its checkpoint directory and 200 in its ``TMPDIR`` (3.2 MiB);
+#: ``big`` one file of 2 MiB in 64 KiB writes (Python ignores ``SIGXFSZ``: the write past the file size limit fails
+#: ``EFBIG``, which it writes to ``big.err``); ``hidden`` 300 files of 8 KiB in a directory it then makes mode 000;
+#: ``links`` one file of 600,000 bytes with four more names (600,000 bytes on disk, 3,000,000 by name).
+DISK_FILLER = r"""
+import errno, os, sys, time
+mode = sys.argv[1]
+if mode == "small":
+    for where in (".", os.environ["TMPDIR"]):
+        for i in range(200):
+            with open(os.path.join(where, f"f{i}"), "wb") as f:
+                f.write(b"x" * 8192)
+elif mode == "big":
+    try:
+        with open("big", "wb", buffering=0) as f:
+            for _ in range(32):
+                f.write(b"x" * 65536)
+    except OSError as exc:
+        open("big.err", "w").write(errno.errorcode[exc.errno])
+elif mode == "hidden":
+    os.mkdir("hidden")
+    for i in range(300):
+        with open(f"hidden/f{i}", "wb") as f:
+            f.write(b"x" * 8192)
+    os.chmod("hidden", 0)
+elif mode == "links":
+    with open("w", "wb") as f:
+        f.write(b"x" * 600_000)
+    for i in range(4):
+        os.link("w", f"w{i}")
+open("ready", "w").close()
+while not os.path.exists("go"):
+    time.sleep(0.02)
+"""
+
+
+async def test_a_job_over_its_disk_limit_is_stopped_and_one_under_it_with_hard_links_runs_on(
+    job_accounts, shared_dir, monkeypatch
+):
+    """1 MiB per GPU. Alice's job writes 3.2 MiB of small files (checkpoint directory and TMPDIR); Eve's writes
+    600,000 bytes under five names. One measuring pass stops Alice's alone (SIGTERM: exit -15, ``disk_quota``);
+    Eve's, under its limit once its hard links count once, runs on and completes when told to."""
+    node = Node(shared_dir, monkeypatch, sandbox_disk_mb_per_gpu=1)
+    await node.agent.start(heartbeats=False, poll_progress=False, watch_disk=False)
+    try:
+        filler = write_script(shared_dir, "fill.py", DISK_FILLER)
+        await node.agent.on_event(node.start("j-small", ALICE, ("python3", str(filler), "small")))
+        await node.agent.on_event(node.start("j-links", EVE, ("python3", str(filler), "links"), gpus=(1,)))
+        await until(lambda: all((node.ckpt / j / "ready").exists() for j in ("j-small", "j-links")), "both written")
+        assert await node.agent.check_disk() == ["j-small"]
+        ended = await node.ended("j-small")
+        assert isinstance(ended, JobFailed) and (ended.reason, ended.exit_code) == ("disk_quota", -signal.SIGTERM)
+        assert await node.agent.check_disk() == []
+        (node.ckpt / "j-links" / "go").touch()
+        assert isinstance(await node.ended("j-links"), JobCompleted)
+    finally:
+        await node.close()
+
+
+async def test_one_file_stops_at_the_limit_and_its_writer_is_reported_disk_quota(job_accounts, shared_dir, monkeypatch):
+    """A 2 MiB file under a 1 MiB limit stops at exactly 1,048,576 bytes (``RLIMIT_FSIZE``), whatever the
+    measuring period. A program that keeps the default ``SIGXFSZ`` (``head``) is killed by it: ``disk_quota``, exit
+    -25, before any measurement. Python ignores the signal: its write fails ``EFBIG``, and the next measurement
+    stops it, ``disk_quota``."""
+    node = Node(shared_dir, monkeypatch, sandbox_disk_mb_per_gpu=1)
+    await node.agent.start(heartbeats=False, poll_progress=False, watch_disk=False)
+    try:
+        head = ("sh", "-c", "exec head -c 2097152 /dev/zero > big")
+        await node.agent.on_event(node.start("j-head", ALICE, head))
+        ended = await node.ended("j-head")
+        assert isinstance(ended, JobFailed) and (ended.reason, ended.exit_code) == ("disk_quota", -signal.SIGXFSZ)
+        assert os.path.getsize(node.ckpt / "j-head" / "big") == 1 << 20
+        filler = write_script(shared_dir, "fill.py", DISK_FILLER)
+        await node.agent.on_event(node.start("j-big", ALICE, ("python3", str(filler), "big"), gpus=(1,)))
+        await until(lambda: (node.ckpt / "j-big" / "ready").exists(), "the file written")
+        assert (node.ckpt / "j-big" / "big.err").read_text() == "EFBIG"
+        assert os.path.getsize(node.ckpt / "j-big" / "big") == 1 << 20
+        assert await node.agent.check_disk() == ["j-big"]
+        ended = await node.ended("j-big")
+        assert isinstance(ended, JobFailed) and (ended.reason, ended.exit_code) == ("disk_quota", -signal.SIGTERM)
+    finally:
+        await node.close()
+
+
+async def test_files_in_a_directory_the_job_made_unreadable_still_count(job_accounts, shared_dir, monkeypatch):
+    """2.4 MiB of small files in a directory the job then makes mode 000: counted all the same (the agent, root,
+    lists it), so the job is stopped."""
+    node = Node(shared_dir, monkeypatch, sandbox_disk_mb_per_gpu=1)
+    await node.agent.start(heartbeats=False, poll_progress=False, watch_disk=False)
+    try:
+        filler = write_script(shared_dir, "fill.py", DISK_FILLER)
+        await node.agent.on_event(node.start("j-hidden", ALICE, ("python3", str(filler), "hidden")))
+        await until(lambda: (node.ckpt / "j-hidden" / "ready").exists(), "the files written")
+        assert await node.agent.check_disk() == ["j-hidden"]
+        ended = await node.ended("j-hidden")
+        assert isinstance(ended, JobFailed) and (ended.reason, ended.exit_code) == ("disk_quota", -signal.SIGTERM)
+        assert stat.S_IMODE(os.stat(node.ckpt / "j-hidden" / "hidden").st_mode) == 0
+    finally:
+        await node.close()
+
+
+async def test_the_agents_own_period_stops_a_job_writing_without_end(job_accounts, shared_dir, monkeypatch):
+    """No pass is called by hand: the agent measures every 0.05 s on its own (``sandbox_disk_poll_wall_s``) and
+    stops a job that writes 8 KiB files without end; what it had written when stopped is bounded by the period."""
+    node = Node(shared_dir, monkeypatch, sandbox_disk_mb_per_gpu=1, sandbox_disk_poll_wall_s=0.05)
+    await node.agent.start(heartbeats=False, poll_progress=False)
+    try:
+        endless = "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * 8192)\n    i += 1\n"
+        await node.agent.on_event(node.start("j-endless", ALICE, ("python3", "-c", endless)))
+        ended = await node.ended("j-endless")
+        assert isinstance(ended, JobFailed) and (ended.reason, ended.exit_code) == ("disk_quota", -signal.SIGTERM)
+    finally:
+        await node.close()

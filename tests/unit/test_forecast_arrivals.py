@@ -7,7 +7,7 @@ every expected time is worked out in the case's comment.
 from __future__ import annotations
 
 from apportion import events as ev
-from apportion.forecast import forecast, recent_arrivals, week_before_arrivals
+from apportion.forecast import burst_arrivals, forecast, recent_arrivals, week_before_arrivals
 from apportion.timeutil import from_us, to_us
 from tests.kit.builders import T0, d, h, m
 from tests.kit.forecast_history import CFG, History
@@ -110,3 +110,75 @@ def test_with_the_week_before_an_unallocated_job_waits_for_the_allocated_arrival
     # a log that begins later than a week before now (here T0 + 1 d): the last day's submissions, a day later
     short = [e for e in hist.log if to_us(e.ts) >= d(1)]
     assert [j.job_id for _, j in week_before_arrivals(short, now)] == ["y0", "y1", "r1"]
+
+
+def _t(hours: int, minutes: int = 0) -> int:
+    """T0 plus hours and minutes."""
+    return h(hours) + m(minutes) - T0
+
+
+def _by(job_id: str, at: int, user: str) -> ev.JobQueued:
+    return _queued(job_id, at).model_copy(update={"user": user})
+
+
+def test_a_burst_in_progress_goes_on_to_the_median_count_of_the_users_longer_bursts() -> None:
+    # bursts cut by gaps over 30 min; now T0 + 10 h.
+    # alice: ended bursts of 3 (T0, +10, +20 min), 5 (3 h, every 10 min) and 1 (6 h); in progress: 2 (9 h 40 min,
+    #   9 h 46 min). Her ended bursts longer than 2: 3 and 5, median 4: 2 more at its own gap, 6 min, from its last
+    #   one on (9 h 52 min, 9 h 58 min), copies of its jobs in turn (e1, e2).
+    # bob: his last submission 2 h before now: no burst in progress.
+    # carol: in progress 1 (9 h 55 min); ended bursts of 3 (gaps 4 and 8 min) and 2 (gap 6 min), both longer:
+    #   median 2.5, so 2 in all, 1 more, at the median gap within them, 6 min: 10 h 1 min.
+    # dave: in progress 3 (9 h 50, 52, 54 min); his ended burst of 2 is not longer: none.
+    log = [_by(j, at, "alice") for j, at in (("a0", T0), ("a1", m(10)), ("a2", m(20)))]
+    log += [_by(f"b{i}", _t(3, 10 * i), "alice") for i in range(5)] + [_by("c0", h(6), "alice")]
+    log += [_by("old", h(8), "bob"), _by("k0", h(1), "carol"), _by("k1", _t(1, 4), "carol")]
+    log += [_by("k2", _t(1, 12), "carol"), _by("k3", h(4), "carol"), _by("k4", _t(4, 6), "carol")]
+    log += [_by("x0", h(2), "dave"), _by("x1", _t(2, 5), "dave")]
+    log += [_by(j, _t(9, at), "dave") for j, at in (("y0", 50), ("y1", 52), ("y2", 54))]
+    log += [_by("e1", _t(9, 40), "alice"), _by("e2", _t(9, 46), "alice"), _by("k5", _t(9, 55), "carol")]
+    # erin: in progress 2 (9 h 50, 55 min); one ended burst longer (3: 1 h, 1 h 5, 1 h 10 min), too few to say
+    #   (2 by default): none; with one enough, 1 more at 10 h, a copy of r3.
+    # fay: in progress 12: f0, f1 at 9 h 20, 9 h 38 min, then f2 .. f11 every 2 min to 9 h 58 min; ended bursts of
+    #   14 and 16 (at 2, 3 h: 1 min apart), median 15: 3 more at the mean gap of its last 10 (18 min / 9 = 2 min),
+    #   10 h, 10 h 2 min, 10 h 4 min, copies of the last 10 in turn: f2, f3, f4.
+    log += [_by(f"r{i}", _t(1, 5 * i), "erin") for i in range(3)]
+    log += [_by("r3", _t(9, 50), "erin"), _by("r4", _t(9, 55), "erin")]
+    log += [_by(f"g{i}", _t(2, i), "fay") for i in range(14)] + [_by(f"i{i}", _t(3, i), "fay") for i in range(16)]
+    log += [_by("f0", _t(9, 20), "fay"), _by("f1", _t(9, 38), "fay")]
+    log += [_by(f"f{i}", _t(9, 38 + 2 * (i - 1)), "fay") for i in range(2, 12)]
+    now = h(10)
+    every = [(_t(9, 52), "e1"), (_t(9, 58), "e2"), (_t(10), "f2"), (_t(10, 1), "k5"), (_t(10, 2), "f3")]
+    every.append((_t(10, 4), "f4"))
+    assert [(t, j.job_id) for t, j in burst_arrivals(log, now)] == every
+    assert [(t, j.job_id) for t, j in burst_arrivals(log, now, {"erin"}, min_longer=1)] == [(_t(10), "r3")]
+    # with again_s, a burst with too few longer ones goes on at its rate as long again as it has lasted, at most
+    # again_s: dave's (4 min so far, every 2 min) 2 more at 9 h 56, 9 h 58 min (y0, y1); at most 3 min: 1 (y0)
+    for again_s, more in ((3600.0, [(_t(9, 56), "y0"), (_t(9, 58), "y1")]), (180.0, [(_t(9, 56), "y0")])):
+        assert [(t, j.job_id) for t, j in burst_arrivals(log, now, {"dave"}, again_s=again_s)] == more
+    assert [(t, j.job_id) for t, j in burst_arrivals(log, now, {"alice"})] == every[:2]
+    # a shorter gap (5 min) cuts alice's bursts of 10-min steps into ones: her burst in progress (e2 alone: 6 min
+    # after e1) has no longer burst behind it
+    assert burst_arrivals(log, now, {"alice"}, gap_s=300.0) == []
+
+
+def test_the_rest_of_its_users_burst_goes_before_an_unallocated_job() -> None:
+    # one 1-GPU node. alice's earlier bursts: b0, b1, b2 at 1 h, 1 h 10 min, 1 h 20 min and b3, b4, b5 an hour
+    # later, 5 minutes each, done.
+    # r1 (bob, lab/b) runs from 3 h to 4 h. alice submits a1 (allocated, 10 min) at 3 h 10 min and p1
+    # (unallocated, 10 min) at 3 h 20 min, now: her burst in progress has 2 of the 3 of each earlier one, so one
+    # more (the median of 3 and 3) comes 10 min after p1, a copy of a1 (allocated). Without it a1 runs at 4 h, p1 at 4 h 10 min; with it
+    # a1~1 (allocated, before every unallocated job) runs from 4 h 10 min, and p1 starts at 4 h 20 min.
+    hist = History().node("n0", 1)
+    for i in range(6):
+        at = _t(1 + i // 3, 10 * (i % 3))
+        job_id = f"b{i}"
+        hist.submit(job_id, at, duration_s=300.0).complete(job_id, at + m(5) - T0)
+    hist.submit("r1", h(3), budget="lab/b", user="bob", duration_s=3600.0)
+    hist.submit("a1", _t(3, 10), duration_s=600.0)
+    hist.submit("p1", _t(3, 20), duration_s=600.0, min_runtime_s=0.0)
+    now = _t(3, 20)
+    burst = burst_arrivals(hist.log, now)
+    assert [(t, j.job_id) for t, j in burst] == [(_t(3, 30), "a1")]
+    starts = [forecast(hist.state, now, CFG, job_ids=["p1"], arrivals=a).jobs[0].start_us for a in ((), burst)]
+    assert starts == [_t(4, 10), _t(4, 20)]

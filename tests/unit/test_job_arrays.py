@@ -185,7 +185,9 @@ def test_cancel_of_the_array_cancels_every_pending_and_running_element() -> None
         "JobCancelled:s_3",
         "JobCancelled:s",
     ]
-    assert narrow(ev.JobCancelled, out[-1]).reason == "cancelled (array of 3 active elements)"
+    done = narrow(ev.JobCancelled, out[-1])
+    assert (done.reason, done.array_elements) == ("cancelled", 3)
+    assert [narrow(ev.JobCancelled, e).array_elements for e in out[1:-1]] == [None, None, None]
     assert [narrow(ev.JobCancelled, e).attempt for e in out[1:]] == [1, None, None, None]
     assert state.jobs == {} and state.arrays == {} and "s" in state.finished
     again = feed(state, log, cancel("s", m(12)), m(12))
@@ -200,7 +202,9 @@ def test_hold_of_the_array_holds_every_pending_element_and_release_lets_them_all
     feed(state, log, Tick(T0), T0)
     held = feed(state, log, ev.JobHoldRequested(event_id=ev.det_id("h"), job_id="s", user="bob", ts=from_us(T0)), T0)
     assert kinds(held) == ["JobHeld:s_2", "JobHeld:s_3", "JobHeld:s"]
-    assert narrow(ev.JobHeld, held[-1]).reason == "no reason given (array: 2 elements)"
+    answer = narrow(ev.JobHeld, held[-1])
+    assert (answer.reason, answer.array_elements) == ("no reason given", 2)
+    assert [narrow(ev.JobHeld, e).array_elements for e in held[:-1]] == [None, None]
     rows, _ = read_model(state, m(1), CFG)  # each element held as a job held without a reason is
     assert rows["s_2"]["reason"] == (
         "held: held by bob at 2024-01-01 00:00:00 UTC (no reason given); never placed until released "

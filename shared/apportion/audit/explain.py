@@ -321,7 +321,10 @@ def _started(ev: events.JobStarted, at: str, where: str) -> TimelineEntry:
 
 def _ended(ev: events.JobCompleted | events.JobFailed, at: str, where: str) -> TimelineEntry:
     rep = "" if ev.replica is None else f"replica {ev.replica} "
-    extra = f": {ev.reason}" if isinstance(ev, events.JobFailed) and getattr(ev, "reason", None) else ""
+    extra = ""
+    if isinstance(ev, events.JobFailed) and ev.reason:
+        meaning = events.FAILURE_REASONS.get(ev.reason)
+        extra = f": {ev.reason}" + (f" ({meaning})" if meaning else "")
     done = "completed" if ev.type == "JobCompleted" else "failed"
     return TimelineEntry(at, where, ev.type, _attempt(ev), f"{rep}{done}{extra}")
 

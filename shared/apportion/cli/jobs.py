@@ -379,29 +379,17 @@ def _job_request(
         _published([ev], as_json, f"{verb} requested for [bold]{escape(job_id)}[/] (not waiting for the dispatcher)")
         return
     verdict = watcher.wait(timeout, request_id=ev.event_id)
-    report_verdict(*dispatcher_verdict(ev, verdict, done_word, "refused", timeout, "request"), as_json=as_json)
+    doc, error, code = dispatcher_verdict(ev, verdict, done_word, "refused", timeout, "request")
+    n = events.array_elements_of(verdict, reason)  # the count of an array's elements it applied to; None: a job
+    report_verdict({**doc, "array_elements": n}, error, code, as_json=as_json)
     if not as_json:
-        n = array_elements(reason, verdict)
-        counted = "" if n is None else f" (array: {n} element{'s' if n != 1 else ''})"
-        out.print(f"{done_word} [bold]{escape(job_id)}[/]{counted}")
+        out.print(f"{done_word} [bold]{escape(job_id)}[/]{array_phrase(n)}")
 
 
-#: How the dispatcher's answer of a job array's id ends its reason: ``(array: N elements)`` for a hold or release
-#: (:func:`apportion.domain.dispatch.hold_events`), ``(array of N active elements)`` for a cancel
-#: (:func:`apportion.domain.dispatch.cancel_array`); N the elements it applied to.
-ARRAY_COUNT = re.compile(r" \(array(?::| of) (\d+) (?:active )?elements?\)")
-
-
-def array_elements(asked: str, verdict: events.Event | None) -> int | None:
-    """How many elements of a job array the dispatcher's answer ``verdict`` to a cancel, hold or release says it
-    applied to (from the end of its reason, :data:`ARRAY_COUNT`); ``None`` for a job's answer. ``asked`` is the
-    request's own reason, which the dispatcher's begins with: the count is only what follows it."""
-    said = getattr(verdict, "reason", None)
-    if not isinstance(said, str) or not said.startswith(asked):
-        return None
-    rest = said[len(asked) :]
-    found = ARRAY_COUNT.fullmatch(rest) if asked else ARRAY_COUNT.search(rest)
-    return int(found.group(1)) if found is not None and found.end() == len(rest) else None
+def array_phrase(n: int | None) -> str:
+    """`` (array: N elements)`` (``element`` for one) after the job id of a request's answer that applied to ``n``
+    elements of a job array; nothing for a job's answer (``None``)."""
+    return "" if n is None else f" (array: {n} element{'s' if n != 1 else ''})"
 
 
 def dispatcher_verdict(

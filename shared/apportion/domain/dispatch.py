@@ -1453,16 +1453,14 @@ def cancel_array(state: DispatchState, req: JobCancelRequested, now_us: Micros, 
     """The cancel of a job array (``req.job_id`` an active array's id): each active element's cancel, in
     index order, as a cancel of that element alone would be (its stops first when it runs), then a
     ``JobCancelled`` of the array id itself (``attempt`` ``None``), the verdict a requester waits for
-    under the request's key."""
+    under the request's key, with the count of elements cancelled (``array_elements``)."""
     arr = state.arrays[req.job_id]
     out: list[Event] = []
     for job_id, _ in sorted(arr.members.items(), key=lambda m: m[1]):
         out += decide(state, replace_request(req, job_id), now_us, cfg)
-    n = len(arr.members)
-    reason = f"{req.reason or 'cancelled'} (array of {n} active element{'s' if n != 1 else ''})"
     done = JobCancelled(
         event_id=det_id("JobCancelled", req.job_id), ts=from_us(now_us), producer=cfg.producer, job_id=req.job_id,
-        attempt=None, reason=reason,
+        attempt=None, reason=req.reason or "cancelled", array_elements=len(arr.members),
     )  # fmt: skip
     return [*out, done]
 
@@ -1472,16 +1470,21 @@ def replace_request(req: JobCancelRequested, job_id: str) -> JobCancelRequested:
     return req.model_copy(update={"job_id": job_id})
 
 
-def held_event(job_id: str, by: str, reason: str, request_id: Any, ts: Any, prod: str) -> JobHeld:
-    """``JobHeld`` of ``job_id`` answering the request ``request_id`` (id deterministic in the request)."""
+def held_event(
+    job_id: str, by: str, reason: str, request_id: Any, ts: Any, prod: str, elements: int | None = None
+) -> JobHeld:
+    """``JobHeld`` of ``job_id`` answering the request ``request_id`` (id deterministic in the request);
+    ``elements``: the count of a job array's elements held, on the answer of the array's id."""
     fields = {"ts": ts, "producer": prod, "job_id": job_id, "by": by, "reason": reason, "request_id": request_id}
-    return JobHeld(event_id=det_id("JobHeld", job_id, request_id), **fields)
+    return JobHeld(event_id=det_id("JobHeld", job_id, request_id), array_elements=elements, **fields)
 
 
-def released_event(job_id: str, by: str, reason: str, request_id: Any, ts: Any, prod: str) -> JobReleased:
+def released_event(
+    job_id: str, by: str, reason: str, request_id: Any, ts: Any, prod: str, elements: int | None = None
+) -> JobReleased:
     """``JobReleased`` of ``job_id`` answering the request ``request_id`` (as :func:`held_event`)."""
     fields = {"ts": ts, "producer": prod, "job_id": job_id, "by": by, "reason": reason, "request_id": request_id}
-    return JobReleased(event_id=det_id("JobReleased", job_id, request_id), **fields)
+    return JobReleased(event_id=det_id("JobReleased", job_id, request_id), array_elements=elements, **fields)
 
 
 def hold_events(state: DispatchState, req: JobHoldRequested | JobReleaseRequested, ts: Any, prod: str) -> list[Event]:
@@ -1517,8 +1520,8 @@ def _array_hold_events(
     """A hold or release of a job array (``req.job_id`` an active array's id), as :func:`cancel_array` does a
     cancel: each element it applies to (a hold: every pending element not held; a release: every held one), in
     index order, as a request on that element alone would be answered, then the same answer of the array id
-    itself (the verdict the requester waits for under the request's key; no job of that id, so the fold keeps
-    nothing of it). None applies: the request's ``JobRejected`` (``invalid``)."""
+    itself with the count of those elements (``array_elements``: the verdict the requester waits for under the
+    request's key; no job of that id, so the fold keeps nothing of it). None applies: the request's ``JobRejected`` (``invalid``)."""
     hold = isinstance(req, JobHoldRequested)
     arr = state.arrays[req.job_id]
     elements = [j for j, _ in sorted(arr.members.items(), key=lambda m: m[1])]
@@ -1532,15 +1535,10 @@ def _array_hold_events(
         first = state.jobs.get(elements[0]) if elements else None
         budget = first.spec.budget if first is not None else ""
         return [refused_request_event(req, why, budget=budget, ts=ts, producer=prod)]
-    out: list[Event] = []
-    for job_id in [*todo, req.job_id]:
-        n = len(todo)
-        reason = req.reason or NO_REASON
-        if job_id == req.job_id:
-            reason += f" (array: {n} element{'s' if n != 1 else ''})"
-        answer = held_event if hold else released_event
-        out.append(answer(job_id, req.user, reason, req.event_id, ts, prod))
-    return out
+    answer = held_event if hold else released_event
+    reason = req.reason or NO_REASON
+    out: list[Event] = [answer(job_id, req.user, reason, req.event_id, ts, prod) for job_id in todo]
+    return [*out, answer(req.job_id, req.user, reason, req.event_id, ts, prod, elements=len(todo))]
 
 
 def hold_answered(state: DispatchState, req: JobHoldRequested | JobReleaseRequested) -> bool:

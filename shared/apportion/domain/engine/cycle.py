@@ -125,8 +125,10 @@ from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import CycleLeft, PendingReason, explain_pending
 from apportion.domain.engine.reservation import (
     earliest_fit_us,
+    hero_sheltered,
     reservation_nodes,
     share_covers,
+    soonest_nodes,
     untakable_nodes,
 )
 from apportion.domain.engine.search import PreemptionRequest, known_short, plan_preemption, short_test
@@ -703,7 +705,7 @@ def _take_allocated(cx: _Cycle, leaf: str, idx: int, aged: bool = False) -> bool
         not gang_waits
         and not aged
         and cx.reserved_for is None
-        and now_us - job.queued_at_us >= cx.reservation_after_us
+        and (now_us - job.queued_at_us >= cx.reservation_after_us or (cfg.hero_waits and _hero_waits(cx, job)))
         and cx.covers(leaf, job.gpus)  # D3.hero-cover: an uncovered job reserves nothing
     )
     failure_key = leaf if model is None else leaf + "\x00" + model
@@ -818,6 +820,7 @@ def _preempt_for(
             gang_last_resort=cfg.gang_last_resort,
             gang_last_resort_over_share=cfg.gang_last_resort_over_share,
             hero_min_gpus=cfg.hero_min_gpus,
+            hero_waits=cfg.hero_waits,
         )
     victims = req.victims
     g, k = job.gpus_per_replica, job.replicas
@@ -867,7 +870,14 @@ def _reserve(cx: _Cycle, job: PendingJob, leaf: str, charge: float) -> None:
             n: sum(len(x[2]) for x in lst if x[1].key not in taken_runs) for n, lst in victims.unalloc.items()
         }
     may_take = partial(_may_take_back, cx, leaf, charge, g * k)
-    if cx.cfg.hero_reserve_takable and g * k >= (cx.cfg.hero_min_gpus or math.inf):
+    if _hero_waits(cx, job):  # D3.hero-waits: the nodes that fit it soonest, a covered hero's left out
+        may_take = partial(_may_take_unsheltered, cx, may_take)
+        placed = [placed_run(e) for e in cx.res.events if type(e) is JobPlaced and e.allocated]
+        cluster = cx.snapshot.cluster
+        chosen_nodes = soonest_nodes(
+            cluster, free, g, k, model, cx.now_us, taken_runs, may_take, placed, job.topology_bound
+        )
+    elif cx.cfg.hero_reserve_takable and g * k >= (cx.cfg.hero_min_gpus or math.inf):
         chosen_nodes = _hero_reservation(cx, job, unalloc_gpus, taken_runs, may_take)
     else:
         chosen_nodes = reservation_nodes(free, g, k, model, unalloc_gpus, job.topology_bound)
@@ -905,6 +915,22 @@ def _hero_reservation(
     away = untakable_nodes(cx.snapshot.cluster, cx.now_us, taken, may_take, placed)
     g, k = job.gpus_per_replica, job.replicas
     return reservation_nodes(cx.free, g, k, job.gpu_model, unalloc_gpus, job.topology_bound, away)
+
+
+def _hero_waits(cx: _Cycle, job: PendingJob) -> bool:
+    """D3.hero-waits: ``job`` is a hero (at least ``hero_min_gpus`` GPUs) that waits and reserves at once."""
+    return cx.cfg.hero_waits and job.gpus >= (cx.cfg.hero_min_gpus or math.inf)
+
+
+def _may_take_unsheltered(cx: _Cycle, may_take: Callable[[Run, Micros], bool], run: Run, at_us: Micros) -> bool:
+    """D3.hero-waits: ``may_take``, and never a covered hero within its share (D3.hero-cover's ``hero_sheltered``)."""
+    least = cx.cfg.hero_min_gpus
+    if least is not None and run.gpus >= least:
+        if cx.capacity < 0:
+            cx.capacity = sum(cx.free.count.values())
+        if hero_sheltered(run.gpus, cx.tree.abs_share(run.budget), cx.capacity, cx.queue.ratio(run.budget), least):
+            return False
+    return may_take(run, at_us)
 
 
 def _may_take_back(cx: _Cycle, leaf: str, charge: float, gpus: int, run: Run, at_us: Micros) -> bool:

@@ -146,6 +146,12 @@ class EngineConfig:
             may not take back gives the reservation no known time to fit, which unreserves it);
             :func:`~apportion.domain.engine.reservation.untakable_nodes`. Default False. Measured and not adopted
             (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
+        hero_waits: rule D3.hero-waits: a covered job of at least ``hero_min_gpus`` GPUs never preempts a covered hero
+            run within its share (D3.hero-cover's victims' clause then has no fallback for it): it waits, and from its
+            first blocked cycle reserves the k nodes that fit it soonest, those holding a run it may never take back
+            (such a hero run, a run it may not take back once its protection ends, or one protected until it
+            completes) left out (:func:`~apportion.domain.engine.reservation.soonest_nodes`); backfill there must end
+            or be preemptible by then (D3.scheduling-cycle). Default False, part of no policy version (docs/hero.md).
         free_las: rule D3.free-las: unallocated jobs by least attained service first (``PendingJob.attained_gpu_s``,
             the GPU-seconds the job's earlier attempts held), ties in the order without it: every job that has not
             run yet leaf by leaf in the budget order of the allocated pass, then the requeued ones, fewest
@@ -207,6 +213,7 @@ class EngineConfig:
     owner_free: bool = False
     gang_wait_s: float | None = None
     hero_reserve_takable: bool = False
+    hero_waits: bool = False
     free_las: bool = True
     free_age_s: float | None = None
     free_las_queue_gpu_s: float | None = None

@@ -20,9 +20,11 @@ from apportion.timeutil import Micros, s_to_us
 __all__ = [
     "earliest_fit_us",
     "hero_sheltered",
+    "node_fit_us",
     "protection_end_us",
     "reservation_nodes",
     "share_covers",
+    "soonest_nodes",
     "untakable_nodes",
 ]
 
@@ -106,7 +108,7 @@ def earliest_fit_us(
 ) -> Micros:
     """A lower bound of when a reservation's holder can start on its ``nodes``, µs UTC (rule D3.scheduling-cycle).
 
-    Per node: the GPUs not held by running allocated runs are available now
+    Per node (:func:`node_fit_us`): the GPUs not held by running allocated runs are available now
     (free, unallocated work - evicted the moment the holder can start -,
     stopping runs and runs preempted in this cycle (``taken``), all counted
     as now: a lower bound). ``placed``: the runs placed earlier in this
@@ -133,36 +135,99 @@ def earliest_fit_us(
     known time to fit (fewer than ``g`` GPUs, or runs the holder may not take).
     """
     latest = now_us
-    runs = cluster.runs
+    here = _placed_by_node(placed)
     for nid in nodes:
-        node = cluster.nodes[nid]
-        held: list[tuple[Micros, int]] = []
-        busy = 0
-        here = [runs.get(key) for key in cluster.node_runs.get(nid, ())]
-        here.extend(run for run in placed if any(run.placements[r].node_id == nid for r in run.open_replicas))
-        for run in here:
-            if run is None or run.stopping or not run.allocated or run.key in taken:
-                continue
-            n = sum(len(run.placements[r].gpus) for r in run.open_replicas if run.placements[r].node_id == nid)
-            until = protection_end_us(run)
-            if until < UNTIL_STARTED and may_take is not None and not may_take(run, max(until, now_us)):
-                until = UNTIL_STARTED  # its GPUs come back when it ends: no known time
-            held.append((until, n))
-            busy += n
-        avail = node.gpu_count - busy
-        if avail >= g:
-            continue
-        t = UNTIL_STARTED
-        for until, n in sorted(held):
-            avail += n
-            if avail >= g:
-                t = until
-                break
+        t = node_fit_us(cluster, nid, g, now_us, taken, may_take, here.get(nid, ()))
         if t >= UNTIL_STARTED:
             return UNTIL_STARTED  # no known time for this node: none for the holder (the other nodes need not be read)
         if t > latest:
             latest = t
     return max(latest, now_us)
+
+
+def _placed_by_node(placed: Sequence[Run]) -> dict[str, list[Run]]:
+    """node -> the runs of ``placed`` with an open replica there (each run once per node)."""
+    out: dict[str, list[Run]] = {}
+    for run in placed:
+        for nid in dict.fromkeys(run.placements[r].node_id for r in run.open_replicas):
+            out.setdefault(nid, []).append(run)
+    return out
+
+
+def node_fit_us(
+    cluster: ClusterSnapshot,
+    nid: str,
+    g: int,
+    now_us: Micros,
+    taken: Set[RunKey],
+    may_take: Callable[[Run, Micros], bool] | None,
+    placed: Sequence[Run] = (),
+) -> Micros:
+    """When node ``nid`` first has ``g`` GPUs for a reservation's holder, µs UTC, as :func:`earliest_fit_us`
+    counts it (``placed``: the runs placed earlier in the cycle with a replica on this node); at most ``now_us``
+    when it fits now, :data:`~apportion.domain.cluster.UNTIL_STARTED` when it has no known time to fit."""
+    node = cluster.nodes[nid]
+    held: list[tuple[Micros, int]] = []
+    busy = 0
+    runs = cluster.runs
+    here = [runs.get(key) for key in cluster.node_runs.get(nid, ())]
+    here.extend(placed)
+    for run in here:
+        if run is None or run.stopping or not run.allocated or run.key in taken:
+            continue
+        n = sum(len(run.placements[r].gpus) for r in run.open_replicas if run.placements[r].node_id == nid)
+        until = protection_end_us(run)
+        if until < UNTIL_STARTED and may_take is not None and not may_take(run, max(until, now_us)):
+            until = UNTIL_STARTED  # its GPUs come back when it ends: no known time
+        held.append((until, n))
+        busy += n
+    avail = node.gpu_count - busy
+    if avail >= g:
+        return now_us
+    for until, n in sorted(held):
+        avail += n
+        if avail >= g:
+            return until
+    return UNTIL_STARTED
+
+
+def soonest_nodes(
+    cluster: ClusterSnapshot,
+    free: CycleFree,
+    g: int,
+    k: int,
+    model: str | None,
+    now_us: Micros,
+    taken: Set[RunKey],
+    may_take: Callable[[Run, Micros], bool],
+    placed: Sequence[Run] = (),
+    bound: str | None = None,
+) -> list[str]:
+    """Rule ``D3.hero-waits``: the k eligible nodes (not reserved, of ``model``, with at least g GPUs) that fit a
+    waiting covered hero soonest (:func:`node_fit_us`, with ``may_take`` false for the runs it may never take,
+    so a node holding one has no known time and is left out), ties by id; on labelled nodes (or with a
+    ``bound``) the fewest blocks, then racks (:func:`~apportion.domain.engine.placement.topology_pick`) among
+    the nodes that fit by the earliest time at which enough of them do. ``[]`` when fewer than k have a known
+    time (or none within ``bound``)."""
+    here = _placed_by_node(placed)
+    count, reserved = free.count, free.reserved
+    fits = []
+    for nid, m in free.model.items():
+        if nid in reserved or count[nid] < g or (model is not None and m != model):
+            continue
+        t = node_fit_us(cluster, nid, g, now_us, taken, may_take, here.get(nid, ()))
+        if t < UNTIL_STARTED:
+            fits.append((max(t, now_us), nid))
+    if len(fits) < k:
+        return []
+    fits.sort()
+    if k == 1 or (not free.place and bound is None):
+        return [n for _, n in fits[:k]]
+    for level in sorted({t for t, _ in fits[k - 1 :]}):
+        got = topology_pick([n for t, n in fits if t <= level], k, free.place, bound)
+        if got is not None:
+            return got
+    return []
 
 
 def reservation_nodes(

@@ -81,6 +81,8 @@ class PreemptionRequest:
             stays spared until its bound.
         hero_min_gpus: the least GPUs of a hero run (D3.hero-cover's victims' clause: a covered hero within
             its share is taken only when no victim set without one exists); ``None``: no such clause.
+        hero_waits: ``EngineConfig.hero_waits`` (D3.hero-waits): a job of at least ``hero_min_gpus`` GPUs never
+            takes a covered hero within its share, not even where no victim set without one exists.
     """
 
     job: PendingJob
@@ -103,6 +105,7 @@ class PreemptionRequest:
     gang_last_resort: bool = False
     gang_last_resort_over_share: bool = False
     hero_min_gpus: int | None = None
+    hero_waits: bool = False
     sparing_within: bool = False
     """Set while the last resort searches with ``gang_last_resort_over_share``: the gang rule applies to the gangs
     of a budget at or under its share only (:func:`_node_list`)."""
@@ -189,7 +192,7 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
             more = _last_resort_options(s, options)
             if more is not None and len(more) >= k:
                 found = more
-        if found is not None and len(found) < k and s.sheltered_out:
+        if found is not None and len(found) < k and s.sheltered_out and not _hero_waits(req):
             # D3.hero-cover: no feasible set without a covered hero within its share
             more = _behind_options(s, options, False, len(req.free.count))  # (every node's option)
             if more is not None:
@@ -223,6 +226,13 @@ def _last_resort_options(s: _Search, options: list[Option]) -> list[Option] | No
         s.sheltered_out = sheltered_out
     s.gangs_spent = found is not None and len(found) >= req.job.replicas
     return found
+
+
+def _hero_waits(req: PreemptionRequest) -> bool:
+    """D3.hero-waits: ``req.job`` is a hero (at least ``hero_min_gpus`` GPUs) that waits rather than take a covered
+    hero within its share."""
+    job, least = req.job, req.hero_min_gpus
+    return req.hero_waits and least is not None and job.gpus_per_replica * job.replicas >= least
 
 
 def _fewest_heroes(s: _Search, found: list[Option], more: list[Option], k: int) -> list[Option]:
