@@ -1231,6 +1231,10 @@ def _place_second_queue(cx: _Cycle, todo: list[str]) -> None:
         _, leaf, shape, lst = lists[k]
         if shape in failed:
             continue
+        nodes = _fit_free(cx, *shape)
+        if nodes is None and shape != (1, 1, None, None):
+            failed.add(shape)  # (the rank is not read: the next job's or the total replaces it)
+            continue
         before = 0  # jobs ahead of this one in the order: (attained, budget order, place in the leaf)
         for pos2, _, _, lst2 in lists:
             if pos2 < pos:
@@ -1240,12 +1244,8 @@ def _place_second_queue(cx: _Cycle, todo: list[str]) -> None:
             else:
                 before += bisect_left(lst2, (held, submitted, job_id))
         cx.rank, res.considered = rank0 + before + 1, considered0 + before + 1
-        nodes = _fit_free(cx, *shape)
         if nodes is None:
-            if shape == (1, 1, None, None):
-                return  # not one GPU is left for a 1-GPU job
-            failed.add(shape)
-            continue
+            return  # not one GPU is left for a 1-GPU job
         _place_on_free(cx, lst[at][3], leaf, nodes, False)
         if at + 1 < len(lst):
             held, submitted, job_id, _ = lst[at + 1]
