@@ -39,6 +39,25 @@ NOW = h(10)
 CFG = EngineConfig(reservation_after_s=1e9, patience_s=0.0, checkpoint_wait_s=0.0, free_las=True)
 
 
+def free_job(job_id: str, spec: tuple[str, int, int, str | None, float], at: int) -> PendingJob:
+    """A pending unallocated job ``(leaf, g, k, model, attained GPU-s)`` submitted ``at`` µs after hour 1."""
+    leaf, g, k, model, held = spec
+    return PendingJob(
+        job_id=job_id,
+        attempt=2 if held else 1,
+        budget=leaf,
+        user="u",
+        gpus_per_replica=g,
+        replicas=k,
+        min_runtime_s=0.0,
+        gpu_model=model,
+        submitted_at_us=h(1) + at,
+        queued_at_us=h(9),
+        duration_s=60.0,
+        attained_gpu_s=held,
+    )
+
+
 def world(nodes: list[tuple[int, str | None]], jobs: list[tuple[str, int, int, str | None, float]]) -> CycleSnapshot:
     """Idle nodes ``(GPUs, model)`` and pending unallocated jobs ``(leaf, g, k, model, attained GPU-s)``
     (job ``j<i>`` submitted i µs after hour 1); lab/y holds 100,000 GPU-s of its window: the budget order is
@@ -48,22 +67,7 @@ def world(nodes: list[tuple[int, str | None]], jobs: list[tuple[str, int, int, s
         cs.apply(ev.NodeRegistered(node_id=f"n{i}", gpu_count=gpus, gpu_model=model, ts=from_us(T0)))
     pending: dict[str, list[PendingJob]] = {}
     for j, (leaf, g, k, model, held) in enumerate(jobs):
-        pending.setdefault(leaf, []).append(
-            PendingJob(
-                job_id=f"j{j}",
-                attempt=2 if held else 1,
-                budget=leaf,
-                user="u",
-                gpus_per_replica=g,
-                replicas=k,
-                min_runtime_s=0.0,
-                gpu_model=model,
-                submitted_at_us=h(1) + j,
-                queued_at_us=h(9),
-                duration_s=60.0,
-                attained_gpu_s=held,
-            )
-        )
+        pending.setdefault(leaf, []).append(free_job(f"j{j}", (leaf, g, k, model, held), j))
     for lst in pending.values():
         lst.sort(key=pending_order)
     occ: dict[str, float] = {}
@@ -219,23 +223,8 @@ def edited(pending: dict[str, list[PendingJob]], caches: EngineCaches, n: int, e
     (leaf, g, k, model, held), allocated, at = edit
     if not pending.get(leaf):
         return
-    add(
-        leaf,
-        PendingJob(
-            job_id=f"e{n}",
-            attempt=2 if held else 1,
-            budget=leaf,
-            user="u",
-            gpus_per_replica=g,
-            replicas=k,
-            min_runtime_s=600.0 if allocated else 0.0,
-            gpu_model=model,
-            submitted_at_us=h(1) + at,
-            queued_at_us=h(9),
-            duration_s=60.0,
-            attained_gpu_s=held,
-        ),
-    )
+    job = free_job(f"e{n}", (leaf, g, k, model, held), at)
+    add(leaf, dataclasses.replace(job, min_runtime_s=600.0) if allocated else job)
 
 
 @settings(max_examples=120, deadline=None, derandomize=True)
