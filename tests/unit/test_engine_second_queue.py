@@ -312,3 +312,24 @@ def test_a_queue_carried_over_an_added_and_a_removed_job_is_the_one_made_from_th
     assert {k: indexed(v, newer) for k, (v, _) in caches.memo[id(newer)][5].items()} == {
         ("las", 1, None): {(2, 1, None, None): [(100.0, 2)]}
     }
+
+
+def test_a_queue_that_does_not_hold_the_job_removed_is_not_carried() -> None:
+    # lab/x/p: j0 (300 GPU-s) and j1 (100), both in the second queue; a job of the same shape, attained and
+    # submission as j1 but another object (not of this list) cannot be taken out of it: the queue is dropped
+    jobs: list[tuple[str, int, int, str | None, float]] = [
+        ("lab/x/p", 1, 1, None, 300.0),
+        ("lab/x/p", 1, 1, None, 100.0),
+    ]
+    snap = world([(1, None)], jobs)
+    lst = cast(list[PendingJob], snap.pending["lab/x/p"])
+    queue = cycle_mod._second_queue(lst, 0, None)
+    key = ("las", 0, None)
+    stranger = dataclasses.replace(lst[0], job_id="j1", submitted_at_us=lst[1].submitted_at_us, attained_gpu_s=100.0)
+    assert cycle_mod._carry_second_queue(key, queue, stranger, False, 1, 0) is None
+    # the list's own j1 leaves: j0 stays, and the old queue is as it was
+    assert cycle_mod._carry_second_queue(key, queue, lst[1], False, 1, 0) == (
+        key,
+        {(1, 1, None, None): [(300.0, lst[0].submitted_at_us, "j0", lst[0])]},
+    )
+    assert indexed(queue, lst) == {(1, 1, None, None): [(100.0, 1), (300.0, 0)]}

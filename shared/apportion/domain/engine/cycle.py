@@ -1166,7 +1166,10 @@ def _carry_second_queue(
     if added:
         insort(lst, _las_entry(job))
     else:
-        del lst[bisect_left(lst, (held, job.submitted_at_us, job.job_id))]
+        at = bisect_left(lst, (held, job.submitted_at_us, job.job_id))
+        if at == len(lst) or lst[at][3] is not job:
+            return None  # (not the queue of the list ``job`` leaves: made again from the new list when read)
+        del lst[at]
     if lst:
         out[shape] = lst
     else:
