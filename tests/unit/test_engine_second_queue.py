@@ -39,6 +39,25 @@ NOW = h(10)
 CFG = EngineConfig(reservation_after_s=1e9, patience_s=0.0, checkpoint_wait_s=0.0, free_las=True)
 
 
+def free_job(job_id: str, spec: tuple[str, int, int, str | None, float], at: int) -> PendingJob:
+    """A pending unallocated job ``(leaf, g, k, model, attained GPU-s)`` submitted ``at`` µs after hour 1."""
+    leaf, g, k, model, held = spec
+    return PendingJob(
+        job_id=job_id,
+        attempt=2 if held else 1,
+        budget=leaf,
+        user="u",
+        gpus_per_replica=g,
+        replicas=k,
+        min_runtime_s=0.0,
+        gpu_model=model,
+        submitted_at_us=h(1) + at,
+        queued_at_us=h(9),
+        duration_s=60.0,
+        attained_gpu_s=held,
+    )
+
+
 def world(nodes: list[tuple[int, str | None]], jobs: list[tuple[str, int, int, str | None, float]]) -> CycleSnapshot:
     """Idle nodes ``(GPUs, model)`` and pending unallocated jobs ``(leaf, g, k, model, attained GPU-s)``
     (job ``j<i>`` submitted i µs after hour 1); lab/y holds 100,000 GPU-s of its window: the budget order is
@@ -48,22 +67,7 @@ def world(nodes: list[tuple[int, str | None]], jobs: list[tuple[str, int, int, s
         cs.apply(ev.NodeRegistered(node_id=f"n{i}", gpu_count=gpus, gpu_model=model, ts=from_us(T0)))
     pending: dict[str, list[PendingJob]] = {}
     for j, (leaf, g, k, model, held) in enumerate(jobs):
-        pending.setdefault(leaf, []).append(
-            PendingJob(
-                job_id=f"j{j}",
-                attempt=2 if held else 1,
-                budget=leaf,
-                user="u",
-                gpus_per_replica=g,
-                replicas=k,
-                min_runtime_s=0.0,
-                gpu_model=model,
-                submitted_at_us=h(1) + j,
-                queued_at_us=h(9),
-                duration_s=60.0,
-                attained_gpu_s=held,
-            )
-        )
+        pending.setdefault(leaf, []).append(free_job(f"j{j}", (leaf, g, k, model, held), j))
     for lst in pending.values():
         lst.sort(key=pending_order)
     occ: dict[str, float] = {}
@@ -184,20 +188,56 @@ edit_st = st.one_of(
     st.tuples(job_st, st.booleans(), st.integers(0, 40)),
     # remove the job at this place (modulo the list's length) of this leaf
     st.tuples(st.sampled_from(["lab/x/p", "lab/x/q", "lab/y"]), st.integers(0, 40)),
+    # replace the job at this place of this leaf by itself having held this many more GPU-s (a requeue: it leaves
+    # and comes back to the same place, in the other queue or another place of the second one)
+    st.tuples(st.sampled_from(["lab/x/p", "lab/x/q", "lab/y"]), st.integers(0, 40), st.sampled_from([300.0, 900.0])),
 )
+
+
+def edited(pending: dict[str, list[PendingJob]], caches: EngineCaches, n: int, edit: Any) -> None:
+    """Apply one edit to ``pending`` as the dispatcher does (copy-on-write, ``EngineCaches.carry``)."""
+
+    def add(leaf: str, job: PendingJob) -> None:
+        old = pending[leaf]
+        lst = list(old)
+        i = bisect_right(lst, pending_order(job), key=pending_order)
+        lst.insert(i, job)
+        pending[leaf] = lst
+        caches.carry(old, lst, job, True, i)
+
+    def remove(leaf: str, at: int) -> PendingJob:
+        old = pending[leaf]
+        i = at % len(old)
+        pending[leaf] = old[:i] + old[i + 1 :]
+        caches.carry(old, pending[leaf], old[i], False, i)
+        return old[i]
+
+    if len(edit) == 2 or isinstance(edit[1], int):
+        leaf, at = edit[:2]
+        if len(pending.get(leaf, ())) < 2:
+            return  # (the dispatcher carries nothing to a leaf's first list, nor from its last)
+        gone = remove(leaf, at)
+        if len(edit) == 3:
+            add(leaf, dataclasses.replace(gone, attained_gpu_s=gone.attained_gpu_s + edit[2]))
+        return
+    (leaf, g, k, model, held), allocated, at = edit
+    if not pending.get(leaf):
+        return
+    job = free_job(f"e{n}", (leaf, g, k, model, held), at)
+    add(leaf, dataclasses.replace(job, min_runtime_s=600.0) if allocated else job)
 
 
 @settings(max_examples=120, deadline=None, derandomize=True)
 @given(
     st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([None, "a"])), min_size=1, max_size=4),
     st.lists(job_st, min_size=1, max_size=30),
-    st.lists(edit_st, min_size=1, max_size=8),
+    st.lists(st.lists(edit_st, min_size=1, max_size=8), min_size=1, max_size=3),
     st.sampled_from([None, 1000.0]),
 )
-def test_the_queues_carried_to_a_replacing_list_are_those_made_from_it(nodes, jobs, edits, queue_gpu_s) -> None:
-    # a cycle keeps both queues with each list; then jobs are added and removed as the dispatcher does
+def test_the_queues_carried_to_a_replacing_list_are_those_made_from_it(nodes, jobs, rounds, queue_gpu_s) -> None:
+    # a cycle keeps both queues with each list; then jobs are added, removed and replaced as the dispatcher does
     # (copy-on-write, EngineCaches.carry), and the next cycle reads the carried queues: each must equal the
-    # queue made from the new list, and the cycle must decide what walking every job does
+    # queue made from the new list, and the cycle must decide what walking every job does; then again
     cfg = dataclasses.replace(CFG, free_las_queue_gpu_s=queue_gpu_s)
     caches = EngineCaches()
     snap = dataclasses.replace(world(nodes, jobs), memo=caches.memo)
@@ -207,56 +247,40 @@ def test_the_queues_carried_to_a_replacing_list_are_those_made_from_it(nodes, jo
         b = sum(1 for j in lst if j.allocated)
         cycle_mod._kept_second_queue(caches.memo, lst, b, queue_gpu_s)
         cycle_mod._kept_first_queue(caches.memo, lst, queue_gpu_s)
-    for n, edit in enumerate(edits):
-        if len(edit) == 3:
-            (leaf, g, k, model, held), allocated, at = edit
-            old = pending.get(leaf)
-            if not old:
-                continue  # (the dispatcher carries nothing to a new leaf's first list)
-            job = PendingJob(
-                job_id=f"e{n}",
-                attempt=2 if held else 1,
-                budget=leaf,
-                user="u",
-                gpus_per_replica=g,
-                replicas=k,
-                min_runtime_s=600.0 if allocated else 0.0,
-                gpu_model=model,
-                submitted_at_us=h(1) + at,
-                queued_at_us=h(9),
-                duration_s=60.0,
-                attained_gpu_s=held,
-            )
-            lst = list(old)
-            i = bisect_right(lst, pending_order(job), key=pending_order)
-            lst.insert(i, job)
-            pending[leaf] = lst
-            caches.carry(old, lst, job, True, i)
-        else:
-            leaf, at = edit
-            old = pending.get(leaf)
-            if not old or len(old) < 2:
+    n = 0
+    for edits in rounds:
+        for edit in edits:
+            edited(pending, caches, n, edit)
+            n += 1
+        after = dataclasses.replace(snap, pending=dict(pending), memo=caches.memo)
+        carried = 0
+        for leaf, lst in pending.items():
+            ent = caches.memo.get(id(lst))
+            if ent is None or ent[0] is not lst or len(ent) < 6:
                 continue
-            i = at % len(old)
-            pending[leaf] = old[:i] + old[i + 1 :]
-            caches.carry(old, pending[leaf], old[i], False, i)
-    after = dataclasses.replace(snap, pending=pending, memo=caches.memo)
-    carried = 0
-    for leaf, lst in pending.items():
-        ent = caches.memo.get(id(lst))
-        if ent is None or ent[0] is not lst or len(ent) < 6:
-            continue
-        b = sum(1 for j in lst if j.allocated)
-        for key, (value, _) in ent[5].items():
-            carried += 1
-            if key[0] == "las":
-                assert key == ("las", b, queue_gpu_s)
-                assert value == cycle_mod._second_queue(lst, b, queue_gpu_s), leaf
-            else:
-                assert key == ("first", queue_gpu_s)
-                assert value == cycle_mod._first_queue(lst, queue_gpu_s), leaf
-    assert carried == 2 * len(pending)  # (every list kept both, and every edit carried them)
-    assert decided(after, cfg) == walked_decisions(after, cfg)
+            b = sum(1 for j in lst if j.allocated)
+            for key, (value, _) in ent[5].items():
+                carried += 1
+                if key[0] == "las":
+                    assert key == ("las", b, queue_gpu_s)
+                    assert value == cycle_mod._second_queue(lst, b, queue_gpu_s), leaf
+                    # each entry holds the very job of the list, at its place
+                    assert all(
+                        lst[bisect_right(lst, pending_order(e[3]), key=pending_order) - 1] is e[3]
+                        for q in value.values()
+                        for e in q
+                    )
+                else:
+                    assert key == ("first", queue_gpu_s)
+                    assert value == cycle_mod._first_queue(lst, queue_gpu_s), leaf
+        assert carried == 2 * len(pending)  # (every list kept both, and every edit carried them)
+        assert decided(after, cfg) == walked_decisions(after, cfg)
+
+
+def indexed(queue: dict[Any, list[Any]], jobs: list[PendingJob]) -> dict[Any, list[tuple[float, int]]]:
+    """A second queue's entries as (attained GPU-s, index of the entry's job in ``jobs``)."""
+    at = {id(j): i for i, j in enumerate(jobs)}
+    return {shape: [(e[0], at[id(e[3])]) for e in q] for shape, q in queue.items()}
 
 
 def test_a_queue_carried_over_an_added_and_a_removed_job_is_the_one_made_from_the_new_list() -> None:
@@ -270,7 +294,7 @@ def test_a_queue_carried_over_an_added_and_a_removed_job_is_the_one_made_from_th
     caches = EngineCaches()
     snap = dataclasses.replace(world([(1, None)], jobs), memo=caches.memo)
     old = cast(list[PendingJob], snap.pending["lab/x/p"])
-    assert cycle_mod._kept_second_queue(caches.memo, old, 0, None) == {
+    assert indexed(cycle_mod._kept_second_queue(caches.memo, old, 0, None), old) == {
         (1, 1, None, None): [(300.0, 1)],
         (2, 1, None, None): [(100.0, 2)],
     }
@@ -279,12 +303,33 @@ def test_a_queue_carried_over_an_added_and_a_removed_job_is_the_one_made_from_th
     new = [new_job, *old]
     caches.carry(old, new, new_job, True, 0)
     ent = caches.memo[id(new)]
-    assert {k: v for k, (v, _) in ent[5].items()} == {
+    assert {k: indexed(v, new) for k, (v, _) in ent[5].items()} == {
         ("las", 1, None): {(1, 1, None, None): [(300.0, 2)], (2, 1, None, None): [(100.0, 3)]}
     }
     # j1 (index 2) leaves: its shape's list empties and goes, j2 moves down to 2
     newer = new[:2] + new[3:]
     caches.carry(new, newer, new[2], False, 2)
-    assert {k: v for k, (v, _) in caches.memo[id(newer)][5].items()} == {
+    assert {k: indexed(v, newer) for k, (v, _) in caches.memo[id(newer)][5].items()} == {
         ("las", 1, None): {(2, 1, None, None): [(100.0, 2)]}
     }
+
+
+def test_a_queue_that_does_not_hold_the_job_removed_is_not_carried() -> None:
+    # lab/x/p: j0 (300 GPU-s) and j1 (100), both in the second queue; a job of the same shape, attained and
+    # submission as j1 but another object (not of this list) cannot be taken out of it: the queue is dropped
+    jobs: list[tuple[str, int, int, str | None, float]] = [
+        ("lab/x/p", 1, 1, None, 300.0),
+        ("lab/x/p", 1, 1, None, 100.0),
+    ]
+    snap = world([(1, None)], jobs)
+    lst = cast(list[PendingJob], snap.pending["lab/x/p"])
+    queue = cycle_mod._second_queue(lst, 0, None)
+    key = ("las", 0, None)
+    stranger = dataclasses.replace(lst[0], job_id="j1", submitted_at_us=lst[1].submitted_at_us, attained_gpu_s=100.0)
+    assert cycle_mod._carry_second_queue(key, queue, stranger, False, 1, 0) is None
+    # the list's own j1 leaves: j0 stays, and the old queue is as it was
+    assert cycle_mod._carry_second_queue(key, queue, lst[1], False, 1, 0) == (
+        key,
+        {(1, 1, None, None): [(300.0, lst[0].submitted_at_us, "j0", lst[0])]},
+    )
+    assert indexed(queue, lst) == {(1, 1, None, None): [(100.0, 1), (300.0, 0)]}

@@ -389,6 +389,8 @@ class Simulator:
         self.rng = random.Random(config.seed)
         self.state = DispatchState(tree, window_s if window_s is not None else dcfg.engine.window_s)
         self._heap: list[tuple[int, int, int, Any]] = []
+        self._next_job = 0  # index in ``jobs`` of the next submission to join the heap
+        self._job_seq = 0  # the seq of ``jobs[0]``'s submission
         self._seq = 0
         self._alive: dict[tuple[str, int, int], str] = {}  # (job, attempt, replica) -> node
         self._on_node: dict[tuple[str, str, int], int] = {}  # (node, job, attempt) -> replica
@@ -432,6 +434,15 @@ class Simulator:
                 self._ticks += 1
         heapq.heappush(self._heap, (t, self._seq, kind, payload))
 
+    def _push_next_job(self) -> None:
+        """The next trace job's submission onto the heap, with the seq it was given at the start (counted in
+        ``_real`` from the start)."""
+        k = self._next_job
+        if k < len(self.jobs):
+            j = self.jobs[k]
+            heapq.heappush(self._heap, (j.submit_us, self._job_seq + k, self._EV, j))
+            self._next_job = k + 1
+
     # ------------------------------------------------------------------ run
 
     def run(self) -> SimResult:
@@ -466,8 +477,12 @@ class Simulator:
             )
             if cfg.heartbeat_s:
                 self._push(start + s_to_us(cfg.heartbeat_s), self._HB, n.node_id)
-        for j in self.jobs:
-            self._push(j.submit_us, self._EV, j)
+        # the submissions, in (submit, job id) order, take the next seqs; each joins the heap when the one before
+        # it leaves (the heap's order is the same as with all of them in it, and it stays small)
+        self._job_seq = self._seq + 1
+        self._seq += len(self.jobs)
+        self._real += len(self.jobs)
+        self._push_next_job()
         for job_id, at in cfg.cancels:
             self._push(
                 at,
@@ -526,6 +541,8 @@ class Simulator:
                 if kind in self._REAL:
                     self._real -= 1
                 if kind == self._EV:
+                    if type(payload) is SimJob:
+                        self._push_next_job()
                     dirty |= self._feed(self._materialise(payload, t), t)
                 elif kind == self._TICK:
                     self._ticks -= 1

@@ -1121,23 +1121,37 @@ def _pass_least_attained(cx: _Cycle, todo: list[str]) -> None:
 _FreeShape = tuple[int, int, "str | None", "str | None"]
 """``(g, k, model, topology bound)`` of an unallocated job: what decides whether it fits on free GPUs."""
 
+_free_shape = cast(
+    Callable[[PendingJob], _FreeShape], attrgetter("gpus_per_replica", "replicas", "gpu_model", "topology_bound")
+)
+""":data:`_FreeShape` of a job."""
+
+_LasEntry = tuple[float, int, str, PendingJob]
+"""A job of rule D3.free-las's second queue: ``(attained GPU-s, submitted µs, job id, job)``. In a leaf's
+unallocated jobs (submission order, ties by job id: :func:`~apportion.domain.engine.inputs.pending_order`) the
+order of ``(attained, submitted, job id)`` is the order of ``(attained, index)``, and it stays so when jobs are
+added to or removed from the list (no index to move)."""
+
+
+def _las_entry(job: PendingJob) -> _LasEntry:
+    """The second queue's entry of ``job``."""
+    return (job.attained_gpu_s, job.submitted_at_us, job.job_id, job)
+
 
 def _second_queue(
     jobs: Sequence[PendingJob], start: int, queue_gpu_s: float | None
-) -> dict[_FreeShape, list[tuple[float, int]]]:
+) -> dict[_FreeShape, list[_LasEntry]]:
     """Rule D3.free-las's second queue in ``jobs[start:]`` (the requeued jobs not in :func:`first_las_queue`), per
-    shape: ``(attained GPU-s, index)`` sorted. A leaf's jobs ordered as :func:`_pass_least_attained` orders them."""
-    out: dict[_FreeShape, list[tuple[float, int]]] = {}
-    for i in range(start, len(jobs)):
-        job = jobs[i]
+    shape: :data:`_LasEntry` sorted. A leaf's jobs ordered as :func:`_pass_least_attained` orders them."""
+    out: dict[_FreeShape, list[_LasEntry]] = {}
+    for job in islice(jobs, start, None):
         held = job.attained_gpu_s
         if held > 0 and not first_las_queue(held, queue_gpu_s):
-            shape = (job.gpus_per_replica, job.replicas, job.gpu_model, job.topology_bound)
-            lst = out.get(shape)
+            lst = out.get(shape := _free_shape(job))
             if lst is None:
-                out[shape] = [(held, i)]
+                out[shape] = [_las_entry(job)]
             else:
-                lst.append((held, i))
+                lst.append(_las_entry(job))
     for lst in out.values():
         lst.sort()
     return out
@@ -1145,7 +1159,7 @@ def _second_queue(
 
 def _kept_second_queue(
     memo: CycleMemo | None, jobs: Sequence[PendingJob], start: int, queue_gpu_s: float | None
-) -> dict[_FreeShape, list[tuple[float, int]]]:
+) -> dict[_FreeShape, list[_LasEntry]]:
     """:func:`_second_queue`, kept with the list in ``memo`` and carried to the list that replaces it."""
     return memo_kept(
         memo, jobs, ("las", start, queue_gpu_s), partial(_second_queue, jobs, start, queue_gpu_s), _carry_second_queue
@@ -1154,34 +1168,39 @@ def _kept_second_queue(
 
 def _carry_second_queue(
     key: Hashable,
-    by_shape: dict[_FreeShape, list[tuple[float, int]]],
+    by_shape: dict[_FreeShape, list[_LasEntry]],
     job: PendingJob,
     added: bool,
     i: int,
     b_new: int,
-) -> tuple[Hashable, dict[_FreeShape, list[tuple[float, int]]]] | None:
+) -> tuple[Hashable, dict[_FreeShape, list[_LasEntry]]] | None:
     """:func:`_second_queue` of the list that replaces one (``job`` added at or removed from index ``i``;
     :data:`~apportion.domain.engine.shapes.KeptCarry`) from the old list's, when it was made from the first
     unallocated job on (``key`` ``("las", start, queue_gpu_s)``, ``start`` the allocated count, as the cycle
-    makes it): the indices from ``i`` on move by one, ``job`` joins or leaves its shape's list; the order of
-    each list is kept (the moves keep it)."""
+    makes it): ``job`` joins or leaves its shape's list, the others are shared with the old list's queue (an
+    entry holds no index: nothing else moves). Neither is changed in place."""
     _, start, queue_gpu_s = cast(tuple[str, int, "float | None"], key)
     if start + ((1 if added else -1) if job.allocated else 0) != b_new:
         return None  # (made from another start than the allocated count)
-    out: dict[_FreeShape, list[tuple[float, int]]] = {}
+    new_key = ("las", b_new, queue_gpu_s)
+    held = job.attained_gpu_s
+    if job.allocated or held <= 0 or first_las_queue(held, queue_gpu_s):
+        return new_key, by_shape  # not in the queue
+    out = dict(by_shape)
+    shape = _free_shape(job)
+    lst = list(out.get(shape, ()))
     if added:
-        for shape, lst in by_shape.items():
-            out[shape] = [(h, j + 1) if j >= i else (h, j) for h, j in lst]
-        held = job.attained_gpu_s
-        if not job.allocated and held > 0 and not first_las_queue(held, queue_gpu_s):
-            shape = (job.gpus_per_replica, job.replicas, job.gpu_model, job.topology_bound)
-            insort(out.setdefault(shape, []), (held, i))
+        insort(lst, _las_entry(job))
     else:
-        for shape, lst in by_shape.items():
-            new = [(h, j - 1) if j > i else (h, j) for h, j in lst if j != i]
-            if new:
-                out[shape] = new
-    return ("las", b_new, queue_gpu_s), out
+        at = bisect_left(lst, (held, job.submitted_at_us, job.job_id))
+        if at == len(lst) or lst[at][3] is not job:
+            return None  # (not the queue of the list ``job`` leaves: made again from the new list when read)
+        del lst[at]
+    if lst:
+        out[shape] = lst
+    else:
+        del out[shape]
+    return new_key, out
 
 
 def _first_queue(jobs: Sequence[PendingJob], queue_gpu_s: float | None) -> list[int]:
@@ -1221,44 +1240,45 @@ def _place_second_queue(cx: _Cycle, todo: list[str]) -> None:
     cluster preempts and cannot place again); a job per placement or failed shape is looked at, not the queue."""
     pending, ends, memo = cx.pending, cx.allocated_end, cx.memo
     queue_gpu_s = cx.cfg.free_las_queue_gpu_s
-    lists: list[tuple[int, str, _FreeShape, list[tuple[float, int]]]] = []
-    heap: list[tuple[float, int, int, int, int]] = []
+    lists: list[tuple[int, str, _FreeShape, list[_LasEntry]]] = []
+    heap: list[tuple[float, int, int, str, int, int]] = []
     total = 0
     for pos, leaf in enumerate(todo):
         jobs, start = pending[leaf], ends.get(leaf, 0)
         by_shape = _kept_second_queue(memo, jobs, start, queue_gpu_s)
         for shape, lst in by_shape.items():
             total += len(lst)
-            heap.append((lst[0][0], pos, lst[0][1], len(lists), 0))
+            held, submitted, job_id, _ = lst[0]
+            heap.append((held, pos, submitted, job_id, len(lists), 0))
             lists.append((pos, leaf, shape, lst))
     heapq.heapify(heap)
     res = cx.res
     rank0, considered0 = cx.rank, res.considered
     failed: set[_FreeShape] = set()
     while heap:
-        held, pos, i, k, at = heapq.heappop(heap)
+        held, pos, submitted, job_id, k, at = heapq.heappop(heap)
         _, leaf, shape, lst = lists[k]
         if shape in failed:
             continue
-        before = 0  # jobs ahead of this one in the order: (attained, budget order, index)
+        nodes = _fit_free(cx, *shape)
+        if nodes is None and shape != (1, 1, None, None):
+            failed.add(shape)  # (the rank is not read: the next job's or the total replaces it)
+            continue
+        before = 0  # jobs ahead of this one in the order: (attained, budget order, place in the leaf)
         for pos2, _, _, lst2 in lists:
             if pos2 < pos:
                 before += bisect_right(lst2, held, key=_FIRST)
             elif pos2 > pos:
                 before += bisect_left(lst2, held, key=_FIRST)
             else:
-                before += bisect_left(lst2, (held, i))
+                before += bisect_left(lst2, (held, submitted, job_id))
         cx.rank, res.considered = rank0 + before + 1, considered0 + before + 1
-        nodes = _fit_free(cx, *shape)
         if nodes is None:
-            if shape == (1, 1, None, None):
-                return  # not one GPU is left for a 1-GPU job
-            failed.add(shape)
-            continue
-        _place_on_free(cx, pending[leaf][i], leaf, nodes, False)
+            return  # not one GPU is left for a 1-GPU job
+        _place_on_free(cx, lst[at][3], leaf, nodes, False)
         if at + 1 < len(lst):
-            nxt = lst[at + 1]
-            heapq.heappush(heap, (nxt[0], pos, nxt[1], k, at + 1))
+            held, submitted, job_id, _ = lst[at + 1]
+            heapq.heappush(heap, (held, pos, submitted, job_id, k, at + 1))
     cx.rank, res.considered = rank0 + total, considered0 + total
 
 
@@ -1293,9 +1313,9 @@ def _place_in_turn(cx: _Cycle, jobs: Iterable[tuple[str, PendingJob]], placed: s
     """Each (leaf, unallocated job) in turn on free GPUs if it fits (remembered in ``placed`` when given); a shape
     that did not fit is not tried again (free GPUs only shrink). True when not one GPU is left for a 1-GPU job."""
     res = cx.res
-    failed: set[tuple[int, int, str | None, str | None]] = set()
+    failed: set[_FreeShape] = set()
     for leaf, job in jobs:
-        shape = (job.gpus_per_replica, job.replicas, job.gpu_model, job.topology_bound)
+        shape = _free_shape(job)
         cx.rank += 1
         res.considered += 1
         if shape in failed:
