@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -45,12 +46,17 @@ class _Console:
     def __init__(self, **options: Any) -> None:
         self._options = options
         self._console: Console | None = None
+        # rich fixes a console's size from COLUMNS/LINES when it is made, else reads them at each print: the
+        # size is that of the start, as when the console was made at import
+        self._size = {v: int(os.environ[v]) if os.environ.get(v, "").isdigit() else None for v in ("COLUMNS", "LINES")}
 
     def __getattr__(self, name: str) -> Any:
         if self._console is None:
             from rich.console import Console
 
             self._console = Console(**self._options)
+            self._console._width = self._options.get("width", self._size["COLUMNS"])
+            self._console._height = self._options.get("height", self._size["LINES"])
         return getattr(self._console, name)
 
 
@@ -186,6 +192,10 @@ def readable_help(command: Any) -> None:
     if getattr(command, "help", None) and not getattr(command, "short_help", None):
         command.short_help = command.help.split("\n\n", 1)[0]  # a group's list of commands shows it whole
     help_option = command.get_help_option(Context(command))  # made once and kept: the flag every command has
+    if help_option is not None and help_option.default is None:
+        # a flag not given is False, as click's own: Typer converts a value that is not a bool through pydantic,
+        # whose import (~0.1 s) `apportion queue --help` paid for the root's --help it was not given
+        help_option.default = False
     for param in (*getattr(command, "params", ()), *([help_option] if help_option is not None else [])):
         if getattr(param, "help", None):
             param.help = help_text(param.help)

@@ -11,7 +11,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from apportion import events
 from apportion.cli.common import (
     DEFAULT_WAIT_S,
     Bootstrap,
@@ -40,10 +39,14 @@ from apportion.cli.common import (
     report_verdict,
 )
 from apportion.durations import format_duration, parse_duration
+from apportion.lazyimport import lazy_module
 from apportion.settings import topic_name
 
 if TYPE_CHECKING:
+    from apportion import events
     from apportion.identity.keys import Identity
+else:
+    events = lazy_module("apportion.events")  # imported by the commands that use it, not by their --help
 
 
 # --------------------------------------------------------------------------- researchers
