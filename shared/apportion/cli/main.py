@@ -175,7 +175,7 @@ def load_command(name: str) -> click.Command:
     else:
         one.command(name)(getattr(m, attr))
     group: Any = get_command(one)
-    return group.commands[name]  # type: ignore[no-any-return]
+    return group.commands[name]
 
 
 def _noop() -> None:
@@ -360,7 +360,7 @@ def schemas_(
     sys.stdout.write(text)
 
 
-__all__ = ["app", "main", "node_rows", "queue_rows", "share_data"]  # the dashboard reads the last three from here
+__all__ = ["app", "main", "node_rows", "queue_rows", "share_data"]  # noqa: F822 - the dashboard reads the last three (__getattr__)
 
 
 def __getattr__(name: str) -> Any:
