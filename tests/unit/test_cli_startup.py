@@ -12,8 +12,8 @@ import pytest
 import typer
 
 from apportion.cli.common import readable_help
+from apportion.cli.lazyimport import lazy_module
 from apportion.cli.main import COMMANDS, LazyCommands, app, load_command
-from apportion.lazyimport import lazy_module
 
 #: Imported by the commands that read the log, never by `apportion --help` or a command's own `--help` (pydantic:
 #: every event model; the `apportion.events` module found is at most a lazy one not yet executed). rich prints

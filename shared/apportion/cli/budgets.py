@@ -37,8 +37,8 @@ from apportion.cli.common import (
     report_verdict,
 )
 from apportion.cli.jobs import _forecast_input
+from apportion.cli.lazyimport import lazy_module
 from apportion.durations import format_duration, parse_duration
-from apportion.lazyimport import lazy_module
 from apportion.settings import Connection, topic_name
 
 if TYPE_CHECKING:

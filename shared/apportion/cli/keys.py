@@ -24,7 +24,7 @@ import typer
 from rich.markup import escape
 
 from apportion.cli.common import _publish, _published, _require_topics, fail, json_option, out
-from apportion.lazyimport import lazy_module
+from apportion.cli.lazyimport import lazy_module
 from apportion.settings import topic_name
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from apportion.cli.common import (
     refuse,
     report_verdict,
 )
+from apportion.cli.lazyimport import lazy_module
 from apportion.durations import format_duration
-from apportion.lazyimport import lazy_module
 from apportion.settings import topic_name
 
 if TYPE_CHECKING:
