@@ -20,3 +20,8 @@ used.on_files  # mkdocs calls its hooks by name (tools/docs_hooks.py)
 used.HAS_RICH  # typer reads it when it formats help (tools/docs_hooks.cli_page: plain text)
 used.metavar  # click reads a parameter's metavar when it formats help (cli/common.readable_help blanks it for flags)
 used.rich_markup_mode  # typer reads a command's when it formats help (cli/common.readable_help: click's plain layout)
+used._width  # rich reads a console's fixed size (cli/common._Console keeps the size of the start)
+used._height
+used.deadletter  # cli/main.COMMANDS names each command's function; load_command looks it up by that name
+used.schemas_
+used.undrain

@@ -5,12 +5,11 @@ from __future__ import annotations
 import textwrap
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from apportion import events
 from apportion.cli.common import (
     DEFAULT_WAIT_S,
     Bootstrap,
@@ -38,8 +37,14 @@ from apportion.cli.common import (
     report_verdict,
 )
 from apportion.cli.jobs import _forecast_input
+from apportion.cli.lazyimport import lazy_module
 from apportion.durations import format_duration, parse_duration
 from apportion.settings import Connection, topic_name
+
+if TYPE_CHECKING:
+    from apportion import events
+else:
+    events = lazy_module("apportion.events")  # imported by the commands that use it, not by their --help
 
 budget_app = typer.Typer(help="Show and change the budget tree (ops).", no_args_is_help=True)
 

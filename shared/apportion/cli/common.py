@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, cast
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 from typer.core import TyperGroup
 
 try:  # typer vendors click from 0.2x on; before, it used click itself
@@ -31,14 +29,39 @@ except ImportError:  # pragma: no cover
     from click import Context  # type: ignore[assignment]
     from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment]
 
-from apportion import events
 from apportion.settings import Connection, StackStopped, topic_name, topic_prefix
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from apportion import events
     from apportion.identity.keys import Identity
 
-out = Console()
-err = Console(stderr=True)
+
+class _Console:
+    """A rich ``Console(**options)`` made on first use: rich is imported by the commands that print, not by the
+    CLI's start (``apportion --help`` prints through click)."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+        # rich fixes a console's size from COLUMNS/LINES when it is made, else reads them at each print: the
+        # size is that of the start, as when the console was made at import
+        self._size = {v: int(os.environ[v]) if os.environ.get(v, "").isdigit() else None for v in ("COLUMNS", "LINES")}
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+            self._console._width = self._options.get("width", self._size["COLUMNS"])
+            self._console._height = self._options.get("height", self._size["LINES"])
+        return getattr(self._console, name)
+
+
+out: Console = cast("Console", _Console())
+err: Console = cast("Console", _Console(stderr=True))
 
 
 class Unreachable(RuntimeError):
@@ -85,6 +108,8 @@ def _error_object(message: str, code: int, verdict: str = "", reason: str = "", 
 
 
 def _exit(message: str, code: int) -> NoReturn:
+    from rich.text import Text
+
     # the message carries what was given (a job id, a budget path): plain text, never rich markup
     err.print(Text.assemble(("error:", "bold red"), f" {message}"), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -152,7 +177,12 @@ def readable_help(command: Any) -> None:
     and parameter help through :func:`help_text`, no value type (``<bool>``) after a flag, which takes none,
     :data:`EXIT_CODES_HELP` at the end of each command's own, and click's plain layout: each option on its line,
     its help wrapped beside it at any width. Rich's panels cut a word that does not fit their help column with an
-    ellipsis (an environment variable's name, a long option) on terminals of 80 columns."""
+    ellipsis (an environment variable's name, a long option) on terminals of 80 columns. A command already made
+    readable is left as it is; the commands of a lazy group (:class:`apportion.cli.main.LazyCommands`) are made
+    readable as they load."""
+    if getattr(command, "_readable", False):
+        return
+    command._readable = True
     command.rich_markup_mode = None
     if not getattr(command, "commands", None) and not getattr(command, "epilog", None):
         command.epilog = EXIT_CODES_HELP
@@ -162,12 +192,17 @@ def readable_help(command: Any) -> None:
     if getattr(command, "help", None) and not getattr(command, "short_help", None):
         command.short_help = command.help.split("\n\n", 1)[0]  # a group's list of commands shows it whole
     help_option = command.get_help_option(Context(command))  # made once and kept: the flag every command has
+    if help_option is not None and help_option.default is None:
+        # a flag not given is False, as click's own: Typer converts a value that is not a bool through pydantic,
+        # whose import (~0.1 s) `apportion queue --help` paid for the root's --help it was not given
+        help_option.default = False
     for param in (*getattr(command, "params", ()), *([help_option] if help_option is not None else [])):
         if getattr(param, "help", None):
             param.help = help_text(param.help)
         if getattr(param, "is_flag", False) and not getattr(param, "count", False):
             param.metavar = ""
-    for sub in getattr(command, "commands", {}).values():
+    subs = getattr(command, "commands", {})
+    for sub in getattr(subs, "loaded", subs).values():
         readable_help(sub)
 
 
@@ -288,6 +323,8 @@ def fitted_table(
     table). Columns are ``no_wrap`` unless their options say otherwise; titles and cells are plain text, not
     markup (``topic[partition]`` is no style); a rule under the header, no edges, two spaces between columns."""
     from rich import box
+    from rich.table import Table
+    from rich.text import Text
 
     moved: list[str] = []
     while True:
@@ -316,6 +353,8 @@ def left_out(columns: Sequence[Column], moved: Sequence[str], row: Any, *, bare:
 
 def natural_width(renderable: Any) -> int:
     """The width ``renderable`` takes when nothing limits it (a console's own measure stops at its width)."""
+    from rich.console import Console
+
     wide = Console(width=100_000)
     return int(wide.measure(renderable).maximum)
 
@@ -387,6 +426,8 @@ def _publish(evts: list[events.Event], bootstrap: str | None) -> None:
 
 def _published(evts: list[events.Event], as_json: bool, message: str) -> None:
     """Report published events: ``message`` for people, or ``{"published": [event, ...]}`` with ``--json``."""
+    from apportion import events
+
     if as_json:
         _print_json({"published": [events.to_dict(e) for e in evts]})
     else:

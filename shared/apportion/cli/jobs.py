@@ -8,10 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from apportion import events
 from apportion.cli.common import (
     DEFAULT_WAIT_S,
     Bootstrap,
@@ -39,11 +36,15 @@ from apportion.cli.common import (
     refuse,
     report_verdict,
 )
+from apportion.cli.lazyimport import lazy_module
 from apportion.durations import format_duration, parse_duration
 from apportion.settings import topic_name
 
 if TYPE_CHECKING:
+    from apportion import events
     from apportion.identity.keys import Identity
+else:
+    events = lazy_module("apportion.events")  # imported by the commands that use it, not by their --help
 
 
 # --------------------------------------------------------------------------- researchers
@@ -145,6 +146,8 @@ def submit(
 
     Its GPU-hours show as the budget's U, never in its r (docs/security.md).
     """
+
+    from rich.markup import escape
 
     from apportion import client
 
@@ -354,6 +357,8 @@ def _job_request(
 ) -> None:
     """``cancel``, ``hold`` and ``release``: check the job is live in the log, sign and publish the request,
     wait for the dispatcher's answer (:data:`JOB_REQUESTS`) or its refusal of the request."""
+    from rich.markup import escape
+
     from apportion.cli import verdicts
     from apportion.topics import JOBS, SUBMISSIONS
 
@@ -979,6 +984,7 @@ def forecast_table(fc: Any, width: int, *, detail: bool = False) -> Any:
     chain follow, wrapped at word boundaries, uncut.
     """
     from rich.console import Group
+    from rich.table import Table
     from rich.text import Text
 
     from apportion.forecast import iso_seconds

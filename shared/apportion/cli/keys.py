@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import getpass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
-from apportion import events
 from apportion.cli.common import _publish, _published, _require_topics, fail, json_option, out
+from apportion.cli.lazyimport import lazy_module
 from apportion.settings import topic_name
+
+if TYPE_CHECKING:
+    from apportion import events
+else:
+    events = lazy_module("apportion.events")  # imported by the commands that use it, not by their --help
 
 app = typer.Typer(help="Signing keys: init (researchers), register/revoke (ops).", no_args_is_help=True)
 

@@ -13,15 +13,14 @@ time. Change commands check, publish, then wait for the verdict
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
-from typing import Annotated, Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
-from apportion import events
-from apportion.cli import budgets, jobs, nodes
-from apportion.cli.budgets import budget_app, share_data
 from apportion.cli.common import (
     Bootstrap,
     Column,
@@ -36,13 +35,208 @@ from apportion.cli.common import (
     left_out,
     out,
 )
-from apportion.cli.jobs import QUEUE_WIDE, queue_rows
-from apportion.cli.nodes import node_rows
 from apportion.settings import topic_name, topic_prefix
+
+if TYPE_CHECKING:
+    import click
+
+#: Every command of ``apportion``, in the order ``apportion --help`` lists them: the module that defines it,
+#: the name there (``register``: the module's ``register(app)`` adds it), and the line ``--help`` lists it with
+#: (its help's first paragraph; tests/unit/test_cli_startup.py checks each against the command's own). A command
+#: is imported when it runs or its own help is asked: the CLI's start imports neither the domain, the events'
+#: models, Kafka nor rich (``apportion --help`` in docs/performance.md).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "submit": ("apportion.cli.jobs", "submit", "Submit a job."),
+    "cancel": (
+        "apportion.cli.jobs",
+        "cancel",
+        "Cancel a pending or running job and wait for the dispatcher's JobCancelled.",
+    ),
+    "hold": (
+        "apportion.cli.jobs",
+        "hold",
+        "Hold a pending job: it stays queued in its place (its submission time kept) and is never placed until "
+        "`apportion release`. Waits for the dispatcher's JobHeld.",
+    ),
+    "release": (
+        "apportion.cli.jobs",
+        "release",
+        "Release a held job back into its budget's fair-share order. Waits for the dispatcher's JobReleased.",
+    ),
+    "queue": (
+        "apportion.cli.jobs",
+        "queue",
+        "Jobs in the queue (like squeue): position, budget, user, GPUs, state, start time, nodes or pending reason.",
+    ),
+    "forecast": (
+        "apportion.cli.jobs",
+        "forecast",
+        "When pending jobs will start: the scheduling engine run forward from the log (like squeue --start).",
+    ),
+    "share": (
+        "apportion.cli.budgets",
+        "share",
+        "The budget tree with share, occupancy, unallocated use, entitlement, r and rank (like sshare).",
+    ),
+    "top": (
+        "apportion.cli.nodes",
+        "top",
+        "Live view: the budget tree (share, occupancy, r, rank, jobs), the head of the queue with its pending "
+        "reasons, the idle runs (GPUs idle past their nodes' idle_after_s, as the node agents report) and the nodes "
+        "(those not ready with their state), refreshed until Ctrl-C. `--json`: one frame.",
+    ),
+    "deadletter": (
+        "apportion.cli.main",
+        "deadletter",
+        "Dead letters: input a service could not decode or handle, with its topic, offset, key and reason.",
+    ),
+    "nodes": (
+        "apportion.cli.nodes",
+        "nodes",
+        "Nodes with state, cordon/drain reason, GPUs free/total, model, running jobs and heartbeat age.",
+    ),
+    "drain": (
+        "apportion.cli.nodes",
+        "drain",
+        "Drain a node: cordon it, preempt unallocated work now, allocated work as its minimum runtime expires.",
+    ),
+    "cordon": (
+        "apportion.cli.nodes",
+        "cordon",
+        "Cordon a node: no new work lands on it; running work stays. Exit 1 for an unknown or lost node.",
+    ),
+    "undrain": (
+        "apportion.cli.nodes",
+        "undrain",
+        "Uncordon a cordoned, draining or drained node. Exit 1 for an unknown or lost node; 0 if already ready.",
+    ),
+    "schemas": (
+        "apportion.cli.main",
+        "schemas_",
+        "The JSON Schema a producer in another language validates against (the file `schemas/TYPE.json`), or every "
+        "event type with its topic and record key (docs/producing.md).",
+    ),
+    "simulate": (
+        "apportion.cli.simulate",
+        "simulate",
+        "Simulate a trace under our policy and the baselines, side by side.",
+    ),
+    "whatif": (
+        "apportion.cli.audit",
+        "register",
+        "Re-run the log's submissions under another budget tree and the recorded one, side by side.",
+    ),
+    "history": (
+        "apportion.cli.history",
+        "register",
+        "Finished jobs, like sacct: user, state, GPUs, wait, run time, GPU-hours, end and why it ended.",
+    ),
+    "usage": (
+        "apportion.cli.history",
+        "register",
+        "GPU-hours per leaf budget over the trailing window, with --by-user a row per user (like sshare -a).",
+    ),
+    "logs": (
+        "apportion.cli.history",
+        "register",
+        "A job's output: the stdout (or stderr) file the node agent writes per attempt and replica.",
+    ),
+    "budget": ("apportion.cli.budgets", "budget_app", "Show and change the budget tree (ops)."),
+    "audit": (
+        "apportion.cli.audit",
+        "register",
+        "Replay the event log: occupancy at T, explain a job, verify live state, preemptions.",
+    ),
+    "log": ("apportion.cli.audit", "register", "Export the event log for offline audits."),
+    "stack": (
+        "apportion.cli.stack",
+        "register",
+        "An interactive local stack: Kafka, Redis, the four services, N simulated nodes, the web dashboard.",
+    ),
+    "keys": ("apportion.cli.keys", "app", "Signing keys: init (researchers), register/revoke (ops)."),
+}
+
+
+def load_command(name: str) -> click.Command:
+    """The click command ``apportion NAME`` runs, made from the module :data:`COMMANDS` names (imported now),
+    as Typer makes it for an app that registers it."""
+    from typer.main import get_command
+
+    module, attr, _ = COMMANDS[name]
+    m = importlib.import_module(module)
+    one = typer.Typer()
+    one.callback()(_noop)  # a group even for one command: its commands are taken by name
+    if attr == "register":
+        m.register(one)
+    elif name == "simulate":  # one command, not a group: `apportion simulate --trace ...`
+        one.command(name, help=m.app.info.help)(m.simulate)
+    elif isinstance(getattr(m, attr), typer.Typer):
+        one.add_typer(getattr(m, attr), name=name)
+    else:
+        one.command(name)(getattr(m, attr))
+    group: Any = get_command(one)
+    return group.commands[name]
+
+
+def _noop() -> None:
+    """A group of commands."""
+
+
+class LazyCommands(Mapping[str, "click.Command"]):
+    """The root's commands by name, each imported and made on first use (:func:`load_command`), then made
+    readable (:func:`apportion.cli.common.readable_help`). ``loaded`` holds those made so far; a command whose
+    module is not installed is not listed."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, click.Command] = {}
+        self.names = [n for n, (module, _, _) in COMMANDS.items() if _installed(module)]
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self.loaded:
+            if name not in self.names:
+                raise KeyError(name)
+            from apportion.cli.common import readable_help
+
+            self.loaded[name] = load_command(name)
+            readable_help(self.loaded[name])
+        return self.loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def _installed(module: str) -> bool:
+    return module in sys.modules or importlib.util.find_spec(module) is not None
+
+
+class LazyRoot(OneLineErrors):
+    """``apportion``: the root group of :class:`~apportion.cli.common.OneLineErrors` whose commands load as they
+    run (:class:`LazyCommands`); its own help lists each with its line in :data:`COMMANDS`, importing none."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self.commands = LazyCommands()  # type: ignore[assignment]
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        import click
+
+        lazy: Any = self.commands
+        listed = {
+            name: lazy.loaded.get(name) or click.Command(name, short_help=COMMANDS[name][2]) for name in lazy.names
+        }
+        real, lazy.loaded = lazy.loaded, listed
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            lazy.loaded = real
+
 
 app = typer.Typer(
     name="apportion",
-    cls=OneLineErrors,
+    cls=LazyRoot,
     help=(
         "Budgeted, hierarchical fair-share GPU scheduling.\n\n"
         "Researchers: `keys init`, `submit`, `cancel`, `hold`, `release`, `queue`, `forecast`, `history`, `logs`, "
@@ -67,7 +261,7 @@ def deadletter(
     as_json: JsonOut = False,
 ) -> None:
     """Dead letters: input a service could not decode or handle, with its topic, offset, key and reason."""
-    from apportion import topics
+    from apportion import events, topics
     from apportion.bus.reader import read_log
 
     if topic is not None and topics.by_name(topic, topic_prefix()) is None:
@@ -110,6 +304,8 @@ def deadletter_table(rows: list[dict[str, Any]], width: int) -> Any:
     from rich.console import Group
     from rich.text import Text
 
+    from apportion.cli.jobs import QUEUE_WIDE
+
     wide = width >= QUEUE_WIDE
 
     def where(r: dict[str, Any]) -> str:
@@ -143,6 +339,9 @@ def schemas_(
 ) -> None:
     """The JSON Schema a producer in another language validates against (the file ``schemas/TYPE.json``), or
     every event type with its topic and record key (docs/producing.md)."""
+    from rich.table import Table
+
+    from apportion import events
     from apportion.schemas_export import render
 
     files = render()
@@ -161,53 +360,19 @@ def schemas_(
     sys.stdout.write(text)
 
 
-__all__ = ["app", "main", "node_rows", "queue_rows", "share_data"]  # the dashboard reads the last three from here
-
-app.add_typer(budget_app, name="budget")
-# the order here is the order `apportion --help` lists them
-app.command()(jobs.submit)
-app.command()(jobs.cancel)
-app.command()(jobs.hold)
-app.command()(jobs.release)
-app.command()(jobs.queue)
-app.command()(jobs.forecast)
-app.command()(budgets.share)
-app.command()(nodes.top)
-app.command()(deadletter)
-app.command()(nodes.nodes)
-app.command()(nodes.drain)
-app.command()(nodes.cordon)
-app.command()(nodes.undrain)
-app.command("schemas")(schemas_)
+__all__ = ["app", "main", "node_rows", "queue_rows", "share_data"]  # noqa: F822 - the dashboard reads the last three (__getattr__)
 
 
-def _register_optional() -> None:
-    """Attach sub-apps that live in their own modules."""
-    import importlib
-
-    for mod, name in (
-        ("apportion.cli.simulate", "simulate"),
-        ("apportion.cli.audit", "audit"),
-        ("apportion.cli.stack", "stack"),
-        ("apportion.cli.history", "history"),
-        ("apportion.cli.keys", "keys"),
-    ):
-        try:
-            m = importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:
-                raise
-            continue
-        register = getattr(m, "register", None)
-        if register is not None:
-            register(app)
-        elif name == "simulate":  # one command, not a group: `apportion simulate --trace ...`
-            app.command(name, help=m.app.info.help)(m.simulate)
-        else:
-            app.add_typer(m.app, name=name)
-
-
-_register_optional()
+def __getattr__(name: str) -> Any:
+    """The dashboard's ``node_rows``, ``queue_rows`` and ``share_data``, imported on first use."""
+    homes = {
+        "node_rows": "apportion.cli.nodes",
+        "queue_rows": "apportion.cli.jobs",
+        "share_data": "apportion.cli.budgets",
+    }
+    if name in homes:
+        return getattr(importlib.import_module(homes[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @app.callback()

@@ -10,7 +10,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from apportion import events
 from apportion.cli.common import (
     DEFAULT_WAIT_S,
     Bootstrap,
@@ -35,11 +34,15 @@ from apportion.cli.common import (
     refuse,
     report_verdict,
 )
+from apportion.cli.lazyimport import lazy_module
 from apportion.durations import format_duration
 from apportion.settings import topic_name
 
 if TYPE_CHECKING:
+    from apportion import events
     from apportion.domain.nodes import NodeEvent
+else:
+    events = lazy_module("apportion.events")  # imported by the commands that use it, not by their --help
 
 
 def _top_data(r: Any, head: int) -> dict[str, Any]:
