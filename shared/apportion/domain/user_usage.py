@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from apportion import events
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.occupancy import rebuild as rebuild_ledger
+from apportion.events import Event, JobCancelled, JobPlaced, JobQueued, JobRejected, JobSubmitted
 from apportion.timeutil import Micros
 
 __all__ = ["UserUsage", "UserUsageFold", "usage_by_user"]
@@ -75,26 +75,26 @@ class UserUsageFold:
         self.ledger = OccupancyLedger(window_s)
         self._user_of: dict[str, str] = {}
 
-    def _keyed(self, ev: events.Event) -> events.Event:
+    def _keyed(self, ev: Event) -> Event:
         """``ev`` as the ledger folds it: a placement charged to ``<budget>/@<user>``; notes the job's user."""
-        if isinstance(ev, (events.JobSubmitted, events.JobQueued)):
+        if isinstance(ev, (JobSubmitted, JobQueued)):
             self._user_of.setdefault(ev.job_id, ev.user)
-        elif isinstance(ev, events.JobPlaced):
+        elif isinstance(ev, JobPlaced):
             # a placement naming its user makes the queued one useless (the dispatcher names it on every one)
             queued = self._user_of.pop(ev.job_id, "") if ev.user else self._user_of.get(ev.job_id, "")
             return ev.model_copy(update={"budget": f"{ev.budget}{_USER_MARK}{ev.user or queued}"})
-        elif (isinstance(ev, events.JobRejected) and ev.request == "JobSubmitted") or (
-            isinstance(ev, events.JobCancelled) and ev.attempt is None
+        elif (isinstance(ev, JobRejected) and ev.request == "JobSubmitted") or (
+            isinstance(ev, JobCancelled) and ev.attempt is None
         ):
             self._user_of.pop(ev.job_id, None)  # refused, or cancelled while pending: no placement to come
         return ev
 
-    def apply(self, ev: events.Event) -> None:
+    def apply(self, ev: Event) -> None:
         """Fold one event (types the ledger and the user map do not read are ignored)."""
         self.ledger.apply(self._keyed(ev))
 
     @classmethod
-    def rebuild(cls, evts: Iterable[events.Event], window_s: float) -> UserUsageFold:
+    def rebuild(cls, evts: Iterable[Event], window_s: float) -> UserUsageFold:
         """Bulk-build from events in log order (the ledger's :func:`~apportion.domain.occupancy.rebuild`); the
         result equals folding them one by one and accepts further :meth:`apply`."""
         fold = cls(window_s)
@@ -132,7 +132,7 @@ class UserUsageFold:
         return rows
 
 
-def usage_by_user(evts: Iterable[events.Event], window_s: float, at_us: int | None = None) -> list[UserUsage]:
+def usage_by_user(evts: Iterable[Event], window_s: float, at_us: int | None = None) -> list[UserUsage]:
     """Per leaf budget and user, the GPU-hours their runs held over the trailing window at ``at_us`` (default:
     the log's last event), like Slurm's ``sshare -a``: :meth:`UserUsageFold.rows` of the log folded event by
     event. An ``at_us`` before the log's last event is answered as of that event."""
