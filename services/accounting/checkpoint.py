@@ -115,7 +115,7 @@ class Checkpoint:
 def layout() -> str:
     """Digest (16 hex digits) of the attribute layout of every class a checkpoint pickles."""
     from apportion import events
-    from apportion.domain import budgets, occupancy
+    from apportion.domain import budgets, occupancy, user_usage
     from apportion.identity import registry
 
     classes: list[type] = [
@@ -123,6 +123,7 @@ def layout() -> str:
         occupancy._Series,
         occupancy._Run,
         occupancy._Node,
+        user_usage.UserUsageFold,
         budgets.BudgetTree,
         budgets.Budget,
         events.BudgetSet,
@@ -148,6 +149,7 @@ _STATE_MODULES = frozenset(
         "apportion.bus.intake",
         "apportion.domain.budgets",
         "apportion.domain.occupancy",
+        "apportion.domain.user_usage",
         "apportion.events",
         "apportion.identity.registry",
         "services.accounting.logic",

@@ -28,6 +28,7 @@ from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import LEDGER_EVENT_TYPES, OccupancyLedger
 from apportion.domain.occupancy import rebuild as rebuild_ledger
 from apportion.domain.usage import usage_snapshot
+from apportion.domain.user_usage import UserUsageFold
 from apportion.events import (
     BudgetRejected,
     Event,
@@ -59,6 +60,8 @@ class Accounting:
     ) -> None:
         self.window_s = window_s
         self.ledger = ledger if ledger is not None else OccupancyLedger(window_s)
+        #: per leaf budget and user, the same windows (``apportion_user_occupancy_gpu_seconds``); no decision reads it
+        self.users = UserUsageFold(window_s)
         self.budget_log: list[Event] = []
         self._budget_ids: set[uuid.UUID] = set()
         self.tree: BudgetTree = BudgetTree.empty()
@@ -71,8 +74,10 @@ class Accounting:
 
         Ledger events are idempotent by the ledger's own rules (duplicate
         placements and node events within W are ignored; ends are
-        idempotent); budget events are de-duplicated by ``event_id``.
+        idempotent); budget events are de-duplicated by ``event_id``. Every
+        event also goes to the per-user fold (:attr:`users`).
         """
+        self.users.apply(event)
         if isinstance(event, LEDGER_TYPES):
             self.ledger.apply(event)
             return True
@@ -123,6 +128,7 @@ def rebuild(events: Iterable[Event], window_s: float = WEEK_S, keys: KeyRegistry
     evs = list(events)
     fold_keys = keys is None
     acc = Accounting(window_s, rebuild_ledger((e for e in evs if isinstance(e, LEDGER_TYPES)), window_s), keys)
+    acc.users = UserUsageFold.rebuild(evs, window_s)
     for e in evs:
         if fold_keys:
             acc.keys.apply(e)

@@ -359,7 +359,7 @@ class AccountingService:
             self._ckpt_cost = self._wall() - t
         self.store.write(meta, rows, fields)
         if "budgets" in self._m:
-            self._m["budgets"].update(meta, rows)
+            self._m["budgets"].update(meta, rows, self.acc.users.parts(to_us(snap.at)))
         if fields is not None:
             trim()  # the checkpoint's buffers were the largest allocations: give their pages back
             self._unsaved, self._ckpt_wall = False, self._wall()
@@ -419,7 +419,8 @@ class AccountingService:
         if self._m:
             self._m["start_records"].set(report.records)
             # what the read model holds now (a resumed start may store no snapshot until something changes)
-            self._m["budgets"].update(*await asyncio.to_thread(self.store.read))
+            meta, rows = await asyncio.to_thread(self.store.read)
+            self._m["budgets"].update(meta, rows, self.acc.users.parts(to_us(self.last.at)) if self.last else {})
             self._m["resumed"].set(1 if mode == "resume" else 0)
         self._last_pub = time.monotonic()
         return report

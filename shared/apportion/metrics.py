@@ -7,8 +7,10 @@ ratios are plain numbers in [0, 1] (``share``) or >= 0 (``usage_ratio``,
 ``+Inf`` when E = 0 < O). Labels are bounded: ``budget`` (a path of the budget
 tree), ``node`` (a node id), ``state`` (the five node states), ``reason``
 (a preemption reason or rule), ``topic``/``partition`` (the registry's
-topics), ``model`` (a GPU model), ``type`` (an event or command type). No
-label ever carries a job id.
+topics), ``model`` (a GPU model), ``type`` (an event or command type),
+``user`` (a user with usage in the trailing window: one who has none left
+drops out), ``kind`` (``allocated`` or ``unallocated``). No label ever carries
+a job id.
 
 Three kinds of families:
 
@@ -21,7 +23,11 @@ Three kinds of families:
   (:class:`BudgetCollector`, samples by :func:`budget_samples`) and from the
   rows the dispatcher writes to ``apportion:rm:jobs`` (:class:`QueueCollector`,
   :func:`queue_samples`): a scrape reports exactly what the read model holds,
-  so ``apportion share --json`` and ``/metrics`` cannot disagree.
+  so ``apportion share --json`` and ``/metrics`` cannot disagree;
+* **per user**, from accounting's per-user fold
+  (:class:`apportion.domain.user_usage.UserUsageFold`, samples by
+  :func:`user_samples`) at the time of the budget rows: the figures of
+  ``apportion share --users``.
 * **per node**, from the dispatcher's ``apportion:rm:nodes`` rows
   (:func:`node_samples`), the heartbeat age measured on the service's clock.
 
@@ -47,6 +53,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "Sample",
     "budget_samples",
+    "user_samples",
     "queue_samples",
     "node_samples",
     "BudgetCollector",
@@ -82,6 +89,10 @@ HELP: dict[str, str] = {
     "apportion_budget_entitlement_gpu_seconds": "Entitlement E = abs_share x capacity integral over the window",
     "apportion_budget_usage_ratio": "Usage ratio r = O / E (0 when both are 0, +Inf when E = 0 < O)",
     "apportion_budget_rank": "Fair-share rank of a leaf budget (0 is served first)",
+    "apportion_user_occupancy_gpu_seconds": (
+        "GPU-seconds a user's runs held under a leaf budget over the trailing window, by kind (allocated: the "
+        "user's part of the budget's O; unallocated: of its U); users with usage in the window only"
+    ),
     "apportion_usage_window_seconds": "Length W of the trailing occupancy window",
     "apportion_cluster_capacity_gpus": "GPUs on ready and draining nodes at the last snapshot",
     "apportion_cluster_capacity_gpu_seconds": "Capacity integral K over the trailing window at the last snapshot",
@@ -139,6 +150,29 @@ def budget_samples(meta: Mapping[str, Any] | None, rows: Mapping[str, Mapping[st
         out.append(Sample("apportion_budget_usage_ratio", lab, _ratio(row.get("ratio"))))
         if row.get("rank") is not None:
             out.append(Sample("apportion_budget_rank", lab, float(row["rank"])))
+    return out
+
+
+def user_samples(parts: Mapping[str, Mapping[str, tuple[int, int]]]) -> list[Sample]:
+    """Per-user gauges from :meth:`apportion.domain.user_usage.UserUsageFold.parts`.
+
+    Args:
+        parts: leaf budget -> user -> (allocated, unallocated) GPU-µs over the window.
+
+    Returns:
+        per (budget, user) with usage in the window (either kind above 0), in budget then user order, two
+        samples of ``apportion_user_occupancy_gpu_seconds``: ``kind="allocated"``, then ``"unallocated"``.
+        A user whose runs all left the window has none (the family's size is bounded by the window).
+    """
+    out: list[Sample] = []
+    for budget in sorted(parts):
+        users = parts[budget]
+        for user in sorted(users):
+            alloc, unalloc = users[user]
+            if alloc or unalloc:
+                for kind, us in (("allocated", alloc), ("unallocated", unalloc)):
+                    lab = (("budget", budget), ("user", user), ("kind", kind))
+                    out.append(Sample("apportion_user_occupancy_gpu_seconds", lab, us / 1e6))
     return out
 
 
@@ -228,7 +262,8 @@ def _families(samples: list[Sample]) -> Iterator[Any]:
 
 
 class BudgetCollector:
-    """Per-budget gauges of accounting: the rows it last wrote to the read model (:func:`budget_samples`).
+    """Per-budget and per-user gauges of accounting: the rows it last wrote to the read model
+    (:func:`budget_samples`) and its per-user fold at their time (:func:`user_samples`).
 
     Call :meth:`update` with the rows right after writing them; a scrape reports the latest.
     """
@@ -237,13 +272,19 @@ class BudgetCollector:
         self._lock = threading.Lock()
         self._samples: list[Sample] = []
 
-    def update(self, meta: Mapping[str, Any] | None, rows: Mapping[str, Mapping[str, Any]]) -> None:
-        """Replace the rows reported (any budget not in ``rows`` disappears from the scrape).
+    def update(
+        self,
+        meta: Mapping[str, Any] | None,
+        rows: Mapping[str, Mapping[str, Any]],
+        users: Mapping[str, Mapping[str, tuple[int, int]]] | None = None,
+    ) -> None:
+        """Replace the rows reported (any budget not in ``rows``, any user not in ``users`` or with nothing
+        in the window, disappears from the scrape).
 
         Rows it cannot read are logged and the previous ones kept: metrics never stop a service.
         """
         try:
-            samples = budget_samples(meta, rows)
+            samples = budget_samples(meta, rows) + user_samples(users or {})
         except (TypeError, ValueError, KeyError):
             log.exception("budget rows not turned into metrics; the previous ones stay")
             return

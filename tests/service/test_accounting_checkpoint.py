@@ -83,17 +83,26 @@ def bulk(evs, at_us: int) -> OccupancySnapshot:
 
 
 def service(
-    redis: FakeRedis, *, window_s: float = WINDOW_S, interval_s: float = 0.0, wall=None, now_us: int = h(10)
+    redis: FakeRedis,
+    *,
+    window_s: float = WINDOW_S,
+    interval_s: float = 0.0,
+    wall=None,
+    now_us: int = h(10),
+    metrics: dict | None = None,
 ) -> AccountingService:
     settings = AccountingSettings(window_s=window_s, snapshot_interval_s=3600, checkpoint_interval_wall_s=interval_s)
-    kw = {"wall": wall} if wall is not None else {}
+    kw: dict = {"wall": wall} if wall is not None else {}
+    if metrics is not None:
+        kw["metrics"] = metrics
     return AccountingService(settings, ManualClock(from_us(now_us)), lambda e: None, ReadModelStore(redis), **kw)
 
 
 def answers(svc: AccountingService, t: int) -> tuple:
-    """Everything a query can see at ``t``: O, U (GPU-µs per path), K (GPU-µs), C, open runs, tree."""
+    """Everything a query can see at ``t``: O, U (GPU-µs per path), K (GPU-µs), C, open runs, tree, per user."""
     led = svc.acc.ledger
     return (
+        svc.acc.users.parts(t),
         led.occupancy_us(t),
         led.unallocated_us(t),
         led.capacity_us(t),
@@ -226,6 +235,32 @@ def test_resumed_values_by_hand():
     assert svc.last.capacity_gpu_s == 144 * GPU_H and svc.last.capacity_gpus == 8
     assert snap["lab/b"].entitlement_gpu_s == pytest.approx(0.2 * 144 * GPU_H, abs=1e-9)
     assert svc.last.at == from_us(h(10))
+
+
+def test_the_metrics_carry_each_users_usage_after_a_resume():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from apportion.metrics import accounting_metrics
+
+    redis, _ = checkpointed(FULL_RECS[:9])
+    reg = CollectorRegistry()
+    svc = service(redis, metrics=accounting_metrics(reg))
+    assert svc.prepare(BEGIN, END, rebuild=False) == ("resume", "")
+    svc.resume(FULL_RECS[9:])
+    got = {
+        (s.labels["budget"], s.labels["user"], s.labels["kind"]): s.value
+        for fam in text_string_to_metric_families(generate_latest(reg).decode())
+        for s in fam.samples
+        if s.name == "apportion_user_occupancy_gpu_seconds"
+    }
+    # the values of test_resumed_values_by_hand, every run alice's: a 56 GPU-h; b 26 allocated, u1 4 x 4 h = 16
+    assert got == {
+        ("lab/a", "alice", "allocated"): 56 * GPU_H,
+        ("lab/a", "alice", "unallocated"): 0.0,
+        ("lab/b", "alice", "allocated"): 26 * GPU_H,
+        ("lab/b", "alice", "unallocated"): 16 * GPU_H,
+    }
 
 
 def test_resume_with_the_rest_twice_and_shuffled_equals_rebuild():

@@ -1,5 +1,5 @@
 """``apportion share --users``: each budget's users under it, with the figures ``usage --by-user`` computes
-(:func:`apportion.cli.history.usage_by_user`) over the read model's window at its time.
+(:func:`apportion.domain.user_usage.usage_by_user`) over the read model's window at its time.
 
 The log is ``test_usage_by_user.LOG``; over 24 h at 3 h: lab/a alice 6 GPU-h allocated (60% of lab/a's 10),
 bob 4 allocated and 2 unallocated (40%); lab/b carol 1 allocated (100%); j5 (alice, 32 GPU-h, 30 h to 26 h

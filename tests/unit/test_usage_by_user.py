@@ -16,7 +16,8 @@ from __future__ import annotations
 import pytest
 
 from apportion import events as ev
-from apportion.cli.history import UserUsage, usage_by_user, usage_rows
+from apportion.cli.history import usage_rows
+from apportion.domain.user_usage import UserUsage, usage_by_user
 from tests.kit.builders import completed, dt, h, job_lost, placed
 
 

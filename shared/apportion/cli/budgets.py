@@ -168,8 +168,8 @@ def share(
 
 
 def _users_of(meta: dict[str, Any], bootstrap: str | None) -> dict[str, list[Any]]:
-    """``share --users``: each budget's user rows of :func:`apportion.cli.history.usage_by_user` over the read
-    model's window at its time (``meta``: ``window_s``, ``at``), most allocated GPU-hours first."""
+    """``share --users``: each budget's user rows of :func:`apportion.domain.user_usage.usage_by_user` over the
+    read model's window at its time (``meta``: ``window_s``, ``at``), most allocated GPU-hours first."""
     from datetime import datetime
 
     from apportion.cli.history import logged_usage

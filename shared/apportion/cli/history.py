@@ -42,6 +42,7 @@ from apportion.cli.common import (
     refuse,
 )
 from apportion.domain.dispatch import COMPLETED_BEFORE_LOSS, LostRun, lost_run_report
+from apportion.domain.user_usage import UserUsage, usage_by_user
 from apportion.jobdirs import job_dir_name
 from apportion.settings import topic_name
 from apportion.timeutil import to_us
@@ -237,80 +238,6 @@ def _ends_the_job(job: JobHistory, ev: events.JobFailed) -> bool:
     ``no_account`` or a spawn failure, ends a job that never ran), unless that attempt was preempted (its
     stopped replicas fail, and the dispatcher requeues the job)."""
     return ev.attempt == job.attempts and job.state in ("pending", "running") and ev.attempt != job._preempted
-
-
-#: Marks a user's part of a budget in the per-user occupancy fold (:func:`usage_by_user`); budget segments
-#: never hold it (``domain.budgets.validate_path``).
-_USER_MARK = "/@"
-
-
-@dataclass(frozen=True)
-class UserUsage:
-    """GPU-hours a user's runs held under one leaf budget over a window (``apportion usage --by-user``).
-
-    Attributes:
-        budget: the leaf; ``user``: the submitting user (``""``: the budget's total row).
-        allocated_gpu_h: held by allocated runs (charged: the user's part of the budget's O_b).
-        unallocated_gpu_h: held by unallocated runs (the user's part of U_b; never charged).
-        share_of_budget: ``allocated_gpu_h`` over the budget's allocated GPU-hours (0 when it has none).
-    """
-
-    budget: str
-    user: str
-    allocated_gpu_h: float
-    unallocated_gpu_h: float
-    share_of_budget: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "budget": self.budget,
-            "user": self.user,
-            "allocated_gpu_h": self.allocated_gpu_h,
-            "unallocated_gpu_h": self.unallocated_gpu_h,
-            "share_of_budget": self.share_of_budget,
-        }
-
-
-def usage_by_user(evts: Iterable[events.Event], window_s: float, at_us: int | None = None) -> list[UserUsage]:
-    """Per leaf budget and user, the GPU-hours their runs held over the trailing window at ``at_us`` (default:
-    the log's last event), like Slurm's ``sshare -a``.
-
-    The same fold as the accounting and ``audit occupancy``
-    (:class:`~apportion.domain.occupancy.OccupancyLedger`, so every run ends where every reader ends it:
-    completions, preemptions, losses charged to the last heartbeat, refused starts), with each run's series
-    keyed by its budget and its user (``JobPlaced.user``, else the job's ``JobQueued``). Rows: per budget,
-    first its total (``user=""``), then its users by allocated GPU-hours, most first. An ``at_us`` before the
-    log's last event is answered as of that event.
-    """
-    from apportion.domain.occupancy import OccupancyLedger
-
-    ledger = OccupancyLedger(window_s)
-    user_of: dict[str, str] = {}
-    for ev in evts:
-        if isinstance(ev, (events.JobSubmitted, events.JobQueued)):
-            user_of.setdefault(ev.job_id, ev.user)
-        elif isinstance(ev, events.JobPlaced):
-            who = ev.user or user_of.get(ev.job_id, "")
-            ev = ev.model_copy(update={"budget": f"{ev.budget}{_USER_MARK}{who}"})
-        ledger.apply(ev)
-    if ledger.clock is None:
-        return []
-    at = max(at_us if at_us is not None else ledger.clock, ledger.clock)
-    occ, una = ledger.occupancy_us(at), ledger.unallocated_us(at)
-    parts: dict[str, dict[str, tuple[int, int]]] = {}
-    for key in sorted(set(occ) | set(una)):
-        budget, mark, who = key.partition(_USER_MARK)
-        if mark and _USER_MARK not in budget:
-            parts.setdefault(budget, {})[who] = (occ.get(key, 0), una.get(key, 0))
-    rows: list[UserUsage] = []
-    for budget in sorted(parts):
-        users = parts[budget]
-        alloc = sum(a for a, _ in users.values())
-        unalloc = sum(u for _, u in users.values())
-        rows.append(UserUsage(budget, "", alloc / 3.6e9, unalloc / 3.6e9, 1.0 if alloc else 0.0))
-        for who, (a, u) in sorted(users.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0])):
-            rows.append(UserUsage(budget, who, a / 3.6e9, u / 3.6e9, a / alloc if alloc else 0.0))
-    return rows
 
 
 def _hours(s: float | None) -> str:
