@@ -1293,7 +1293,7 @@ def _pass_starved_first(cx: _Cycle, todo: list[str]) -> None:
         firsts = _kept_first_queue(cx.memo, jobs, queue_gpu_s)
         walks.append((leaf, start, sorted(firsts + up) if up else firsts))
     for leaf, start, firsts in walks:
-        if _place_unallocated(cx, leaf, start, False, fresh=True, firsts=firsts)[0] < 0:
+        if _place_unallocated(cx, leaf, start, False, fresh=firsts)[0] < 0:
             return  # not one GPU is left for a 1-GPU job
     if _dominated(cx.free_fail.get(None, ()), 1, 1):
         return
@@ -1362,19 +1362,13 @@ def _unallocated_in_use(cx: _Cycle) -> dict[str, int]:
 
 
 def _place_unallocated(
-    cx: _Cycle,
-    leaf: str,
-    start: int,
-    one: bool,
-    room: float | None = None,
-    fresh: bool = False,
-    firsts: list[int] | None = None,
+    cx: _Cycle, leaf: str, start: int, one: bool, room: float | None = None, fresh: bool | list[int] = False
 ) -> tuple[int, int]:
     """Place ``leaf``'s unallocated jobs from ``pending[leaf][start]`` on free GPUs, in their order; with
     ``one``, stop after the first placed; with ``room``, only jobs of at most that many GPUs in all (rule
     D3.owner-free), remembered in ``owner_placed``. Jobs already placed that way are passed over, and with
-    ``fresh`` the jobs that have run before (rule D3.free-las places them after; ``firsts``, when given, the
-    indices of the jobs that ``fresh`` walks instead, rule D3.free-starve's promoted ones among them). Returns
+    ``fresh`` the jobs that have run before (rule D3.free-las places them after; ``fresh`` a list: the indices
+    of the jobs to walk instead, rule D3.free-starve's promoted ones among them). Returns
     (index of the next job to look at, GPUs placed), the index ``len(jobs)`` when nothing more of the leaf
     fits, -1 when not one GPU is free for a 1-GPU job."""
     free, free_fail, res = cx.free, cx.free_fail, cx.res
@@ -1392,9 +1386,7 @@ def _place_unallocated(
     queue_gpu_s = cx.cfg.free_las_queue_gpu_s
     # with ``fresh``, the walk steps from one job of the first queue to the next (:func:`_first_queue`, kept with
     # the list), passing over the others uncounted
-    promoted = firsts is not None
-    if fresh and firsts is None:
-        firsts = _kept_first_queue(cx.memo, jobs, queue_gpu_s)
+    firsts = fresh if isinstance(fresh, list) else _kept_first_queue(cx.memo, jobs, queue_gpu_s) if fresh else None
     while idx + 1 < end:
         if firsts is None:
             idx += 1
@@ -1405,7 +1397,7 @@ def _place_unallocated(
             idx = firsts[at]
         job = jobs[idx]
         if (owner and job.job_id in owner) or (
-            fresh and not promoted and job.attained_gpu_s > 0 and not first_las_queue(job.attained_gpu_s, queue_gpu_s)
+            fresh is True and job.attained_gpu_s > 0 and not first_las_queue(job.attained_gpu_s, queue_gpu_s)
         ):
             continue
         cx.rank += 1
