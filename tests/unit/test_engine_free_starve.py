@@ -118,5 +118,5 @@ def test_a_starved_job_goes_before_the_levels():
     # leaf by leaf (a1, then b1 before b2), whatever the levels say
     w = _requeued_world()
     w.pending = {leaf: [replace(j, queued_at_us=h(9)) for j in jobs] for leaf, jobs in w.pending.items()}
-    cfg = {"free_starve_s": 3599.0, "free_las_levels_gpu_s": (1000.0,)}
-    assert [p.split("@")[0] for p in placed(w.cycle(**cfg))] == ["a1", "b1"]
+    cycle = w.cycle(free_starve_s=3599.0, free_las_levels_gpu_s=(1000.0,))
+    assert [p.split("@")[0] for p in placed(cycle)] == ["a1", "b1"]
