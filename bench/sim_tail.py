@@ -5,7 +5,8 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
     .venv/bin/python bench/sim_tail.py run philly week44 fairshare OUT.json [--seed N] [--tail-h H] [--churn-bound N]
         [--free-order 0|1] [--free-las 0|1] [--progress-after N]
         [--at-share-bound N] [--grow-over-share 0|1] [--owner-free 0|1] [--gang-wait-h H] [--gang-min-gpus N]
-        [--gang-bound-x X] [--cover-min-gpus N] [--free-las-queue-gpu-s S] [--age-first-h H]
+        [--gang-bound-x X] [--cover-min-gpus N] [--free-las-queue-gpu-s S] [--free-starve-x K]
+        [--free-starve-h T] [--free-las-levels-gpu-h A,B,...] [--age-first-h H]
         [--age-first-gangs 0|1] [--age-weight W] [--age-max-h H]
         [--age-floor-r F] [--runs RUNS.json]
     .venv/bin/python bench/sim_tail.py run itp week5 slurm OUT.json [--budgets infra/budgets/itp-hetero.yaml]
@@ -21,6 +22,8 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 ``--gang-wait-h H`` ``EngineConfig.gang_wait_s`` in hours, ``--gang-min-gpus N`` ``EngineConfig.gang_min_gpus``,
 ``--gang-bound-x X`` ``EngineConfig.gang_bound_x``, 0 = none for both; ``--cover-min-gpus N``
 ``EngineConfig.cover_min_gpus``; ``--free-las-queue-gpu-s S`` ``EngineConfig.free_las_queue_gpu_s``, 0 = off;
+``--free-starve-x K`` ``EngineConfig.free_starve_x``, ``--free-starve-h T`` ``EngineConfig.free_starve_s`` in hours,
+``--free-las-levels-gpu-h A,B,...`` ``EngineConfig.free_las_levels_gpu_s`` in GPU-hours (rule D3.free-starve);
 ``--age-first-h H`` ``EngineConfig.age_first_s`` in hours, ``--age-first-gangs 1`` ``EngineConfig.age_first_gangs``;
 ``--age-weight W`` ``EngineConfig.age_weight``, ``--age-max-h H`` ``EngineConfig.age_max_s`` in hours (default 168),
 ``--age-floor-r F`` ``EngineConfig.age_floor_r``;
@@ -89,6 +92,8 @@ def run(argv: list[str]) -> int:
     gang_wait = _opt(argv, "--gang-wait-h", None)
     cover = _opt(argv, "--cover-min-gpus", None)
     las_queue = float(_opt(argv, "--free-las-queue-gpu-s", "0") or 0)
+    starve_x, starve_h = _opt(argv, "--free-starve-x", None), _opt(argv, "--free-starve-h", None)
+    levels = _opt(argv, "--free-las-levels-gpu-h", None)
     age_first = _opt(argv, "--age-first-h", None)
     age_weight = _opt(argv, "--age-weight", None)
     age_floor = _opt(argv, "--age-floor-r", None)
@@ -124,6 +129,11 @@ def run(argv: list[str]) -> int:
                 "gang_wait_s": None if gang_wait is None else float(gang_wait) * 3600,
                 "cover_min_gpus": None if cover is None else int(cover),
                 "free_las_queue_gpu_s": las_queue or None,
+                "free_starve_x": None if starve_x is None else float(starve_x),
+                "free_starve_s": None if starve_h is None else float(starve_h) * 3600,
+                "free_las_levels_gpu_s": None
+                if levels is None
+                else tuple(sorted(float(v) * 3600 for v in levels.split(","))),
                 "age_first_s": None if age_first is None else float(age_first) * 3600,
                 "age_first_gangs": _opt(argv, "--age-first-gangs", "0") != "0",
                 "age_weight": None if age_weight is None else float(age_weight),

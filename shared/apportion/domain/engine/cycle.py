@@ -1098,6 +1098,10 @@ def _pass_least_attained(cx: _Cycle, todo: list[str]) -> None:
     pending, ends = cx.pending, cx.allocated_end
     if cx.cfg.free_age_s is not None and _place_aged_free(cx, todo, cx.cfg.free_age_s):
         return  # not one GPU is left for a 1-GPU job
+    cfg = cx.cfg
+    if cfg.free_starve_x is not None or cfg.free_starve_s is not None or cfg.free_las_levels_gpu_s is not None:
+        _pass_starved_first(cx, todo)
+        return
     for leaf in todo:  # (the walk passes over the requeued ones)
         if _place_unallocated(cx, leaf, ends.get(leaf, 0), False, fresh=True)[0] < 0:
             return  # not one GPU is left for a 1-GPU job
@@ -1291,6 +1295,58 @@ def first_las_queue(attained_gpu_s: float, queue_gpu_s: float | None) -> bool:
     return attained_gpu_s <= 0 or (queue_gpu_s is not None and attained_gpu_s < queue_gpu_s)
 
 
+def free_starved(attained_gpu_s: float, waited_s: float, starve_x: float | None, starve_s: float | None) -> bool:
+    """Rule D3.free-starve: is a requeued unallocated job (``attained_gpu_s`` > 0) that has waited ``waited_s``
+    since it was requeued promoted back to rule D3.free-las's first queue? When the wait exceeds ``starve_x``
+    times its attained service (Tiresias's ``STARVELIMIT``: a job starved for longer than a multiple of the
+    service it had goes back to the highest-priority queue), or exceeds ``starve_s``; ``None`` turns a test off."""
+    return (starve_x is not None and waited_s > starve_x * attained_gpu_s) or (
+        starve_s is not None and waited_s > starve_s
+    )
+
+
+def free_level(attained_gpu_s: float, levels_gpu_s: Sequence[float]) -> int:
+    """Rule D3.free-starve's levels: how many of the ascending thresholds ``levels_gpu_s`` (GPU-seconds) a job's
+    attained service has reached (a job at a threshold is in the level above it)."""
+    return bisect_right(levels_gpu_s, attained_gpu_s)
+
+
+def _pass_starved_first(cx: _Cycle, todo: list[str]) -> None:
+    """Rule D3.free-starve on rule D3.free-las's order (``EngineConfig.free_starve_x``, ``free_starve_s``,
+    ``free_las_levels_gpu_s``): a requeued free job starved past its limit (:func:`free_starved`, the wait since
+    it was requeued) joins the jobs not yet run in its place in its leaf's submission order, walked leaf by leaf
+    in the budget order; then the other requeued ones, fewest GPU-seconds first (ties by budget order, then
+    place in the leaf), or with levels by (level, first submission, budget order, place in the leaf)."""
+    pending, ends, cfg, now_us = cx.pending, cx.allocated_end, cx.cfg, cx.now_us
+    queue_gpu_s, starve_x, starve_s = cfg.free_las_queue_gpu_s, cfg.free_starve_x, cfg.free_starve_s
+    levels = cfg.free_las_levels_gpu_s
+    placed = cx.owner_placed  # (placed by the aged pass)
+    walks: list[tuple[str, int, list[int]]] = []
+    later: list[tuple[float, float, int, int, str]] = []
+    for pos, leaf in enumerate(todo):
+        jobs, start = pending[leaf], ends.get(leaf, 0)
+        up: list[int] = []
+        for lst in _kept_second_queue(cx.memo, jobs, start, queue_gpu_s).values():
+            for held, i in lst:
+                job = jobs[i]
+                if free_starved(held, (now_us - job.queued_at_us) / 1e6, starve_x, starve_s):
+                    up.append(i)
+                elif job.job_id not in placed:
+                    if levels is None:
+                        later.append((held, 0.0, pos, i, leaf))
+                    else:
+                        later.append((free_level(held, levels), job.submitted_at_us, pos, i, leaf))
+        firsts = _kept_first_queue(cx.memo, jobs, queue_gpu_s)
+        walks.append((leaf, start, sorted(firsts + up) if up else firsts))
+    for leaf, start, firsts in walks:
+        if _place_unallocated(cx, leaf, start, False, fresh=firsts)[0] < 0:
+            return  # not one GPU is left for a 1-GPU job
+    if _dominated(cx.free_fail.get(None, ()), 1, 1):
+        return
+    later.sort()
+    _place_in_turn(cx, ((leaf, pending[leaf][i]) for _, _, _, i, leaf in later))
+
+
 def _place_aged_free(cx: _Cycle, todo: list[str], age_s: float) -> bool:
     """Aged free work first (``EngineConfig.free_age_s``; a variant of rule D3.free-las measured in
     ``docs/simulation.md``, "Levers measured"): the unallocated jobs of ``todo``'s leaves submitted at least
@@ -1352,12 +1408,13 @@ def _unallocated_in_use(cx: _Cycle) -> dict[str, int]:
 
 
 def _place_unallocated(
-    cx: _Cycle, leaf: str, start: int, one: bool, room: float | None = None, fresh: bool = False
+    cx: _Cycle, leaf: str, start: int, one: bool, room: float | None = None, fresh: bool | list[int] = False
 ) -> tuple[int, int]:
     """Place ``leaf``'s unallocated jobs from ``pending[leaf][start]`` on free GPUs, in their order; with
     ``one``, stop after the first placed; with ``room``, only jobs of at most that many GPUs in all (rule
     D3.owner-free), remembered in ``owner_placed``. Jobs already placed that way are passed over, and with
-    ``fresh`` the jobs that have run before (rule D3.free-las places them after). Returns
+    ``fresh`` the jobs that have run before (rule D3.free-las places them after; ``fresh`` a list: the indices
+    of the jobs to walk instead, rule D3.free-starve's promoted ones among them). Returns
     (index of the next job to look at, GPUs placed), the index ``len(jobs)`` when nothing more of the leaf
     fits, -1 when not one GPU is free for a 1-GPU job."""
     free, free_fail, res = cx.free, cx.free_fail, cx.res
@@ -1375,7 +1432,7 @@ def _place_unallocated(
     queue_gpu_s = cx.cfg.free_las_queue_gpu_s
     # with ``fresh``, the walk steps from one job of the first queue to the next (:func:`_first_queue`, kept with
     # the list), passing over the others uncounted
-    firsts = _kept_first_queue(cx.memo, jobs, queue_gpu_s) if fresh else None
+    firsts = fresh if isinstance(fresh, list) else _kept_first_queue(cx.memo, jobs, queue_gpu_s) if fresh else None
     while idx + 1 < end:
         if firsts is None:
             idx += 1
@@ -1386,7 +1443,7 @@ def _place_unallocated(
             idx = firsts[at]
         job = jobs[idx]
         if (owner and job.job_id in owner) or (
-            fresh and job.attained_gpu_s > 0 and not first_las_queue(job.attained_gpu_s, queue_gpu_s)
+            fresh is True and job.attained_gpu_s > 0 and not first_las_queue(job.attained_gpu_s, queue_gpu_s)
         ):
             continue
         cx.rank += 1

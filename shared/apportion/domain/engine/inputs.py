@@ -166,6 +166,18 @@ class EngineConfig:
             the jobs not yet run, in its place in its leaf's submission order; the rest keep rule D3.free-las's
             order (:func:`~apportion.domain.engine.cycle.first_las_queue`). Default ``None``: off (every requeued
             job after the jobs not yet run). Not part of any policy version.
+        free_starve_x: rule D3.free-starve (Tiresias's starvation promotion, ``STARVELIMIT``): with ``free_las``, a
+            requeued unallocated job whose wait since it was requeued (seconds since queued) exceeds this multiple
+            of its attained service (``PendingJob.attained_gpu_s``) goes back to the jobs not yet run, in its place
+            in its leaf's submission order (:func:`~apportion.domain.engine.cycle.free_starved`). Default ``None``:
+            off. Not part of any policy version.
+        free_starve_s: rule D3.free-starve with a fixed wait instead: a requeued unallocated job that has waited
+            more than this long (seconds since queued) is promoted the same way. Default ``None``: off; with both
+            set, either promotes. Not part of any policy version.
+        free_las_levels_gpu_s: rule D3.free-starve's levels: with ``free_las``, the requeued unallocated jobs not
+            promoted go by the level of their attained service (how many of these ascending thresholds, GPU-seconds,
+            it has reached), then by first submission across all leaves, instead of fewest GPU-seconds first.
+            Default ``None``: off. Not part of any policy version.
         age_first_s: aged allocated work first (an age term, as Slurm's multifactor priority and Tiresias's
             STARVELIMIT have): before the fair-share walk, the allocated jobs of one node (replicas 1; every job with
             ``age_first_gangs``) whose attempt has waited at least this long (seconds since queued) are taken in the
@@ -217,6 +229,9 @@ class EngineConfig:
     free_las: bool = True
     free_age_s: float | None = None
     free_las_queue_gpu_s: float | None = None
+    free_starve_x: float | None = None
+    free_starve_s: float | None = None
+    free_las_levels_gpu_s: tuple[float, ...] | None = None
     age_first_s: float | None = None
     age_first_gangs: bool = False
     age_weight: float | None = None
