@@ -1326,9 +1326,12 @@ def _pass_starved_first(cx: _Cycle, todo: list[str]) -> None:
     for pos, leaf in enumerate(todo):
         jobs, start = pending[leaf], ends.get(leaf, 0)
         up: list[int] = []
+        index: dict[str, int] | None = None  # a job's place in the leaf (the queue's entries hold none)
         for lst in _kept_second_queue(cx.memo, jobs, start, queue_gpu_s).values():
-            for held, i in lst:
-                job = jobs[i]
+            for held, _, job_id, job in lst:
+                if index is None:
+                    index = {j.job_id: n for n, j in enumerate(jobs)}
+                i = index[job_id]
                 if free_starved(held, (now_us - job.queued_at_us) / 1e6, starve_x, starve_s):
                     up.append(i)
                 elif job.job_id not in placed:
